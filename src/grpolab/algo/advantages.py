@@ -1,0 +1,170 @@
+"""Group-relative advantages (paper.md §1.2, §2.1).
+
+Groups are keyed by the *value* of ``group_ids`` (the prompt uid), never by row position, so rows may
+come in any order (pitfalls.md #2). A NaN reward means "unscorable / excluded": the row gets advantage 0
+and does not enter its group's mean or std (pitfalls.md #11).
+
+Std convention: the standard deviation is unbiased (ddof = 1) as in TRL, and the paper's variance floor
+is used, ``A = (r - mean_g) / sqrt(std_g**2 + epsilon)``. TRL instead divides by ``std_g + 1e-4``; the two
+agree to about ``epsilon / (2 * std_g**2)`` relative (1e-4 for a (1, 0) group). To reproduce TRL's numbers
+compute ``(r - group_mean) / (group_std + 1e-4)`` from the returned statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+@dataclass
+class AdvantageResult:
+    """Per-row output of :func:`compute_advantages`; every field has shape ``[N]``.
+
+    Attributes:
+        advantages: float, 0 for excluded (NaN-reward) rows and for zero-std groups.
+        group_mean: float, mean of the valid rewards of the row's group (0 if it has none).
+        group_std: float, unbiased std of the valid rewards of the row's group (0 if fewer than 2).
+        group_valid_count: long, number of valid (non-NaN) rewards in the row's group.
+        zero_std: bool, the group has fewer than 2 valid rewards or all of them are equal.
+    """
+
+    advantages: Tensor
+    group_mean: Tensor
+    group_std: Tensor
+    group_valid_count: Tensor
+    zero_std: Tensor
+
+
+@dataclass
+class _GroupStats:
+    inverse: Tensor  # [N] long, row -> group index
+    unique_ids: Tensor  # [G]
+    valid: Tensor  # [N] bool
+    count: Tensor  # [G] long
+    mean: Tensor  # [G] float
+    std: Tensor  # [G] float
+    zero_std: Tensor  # [G] bool
+
+
+def _check_inputs(rewards: Tensor, group_ids: Tensor) -> None:
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both have shape [N], got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+    if not rewards.is_floating_point():
+        raise ValueError(f"rewards must be a floating tensor (NaN = excluded), got {rewards.dtype}")
+    if group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
+
+
+def _group_stats(rewards: Tensor, group_ids: Tensor) -> _GroupStats:
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    r = rewards.to(dtype)
+    unique_ids, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = unique_ids.numel()
+    valid = ~torch.isnan(r)
+    r0 = torch.where(valid, r, torch.zeros_like(r))
+    count = torch.zeros(num_groups, dtype=torch.long, device=r.device).index_add_(0, inverse, valid.long())
+    total = torch.zeros(num_groups, dtype=dtype, device=r.device).index_add_(0, inverse, r0)
+    mean = total / count.clamp(min=1).to(dtype)
+    dev = torch.where(valid, r - mean[inverse], torch.zeros_like(r))
+    sq = torch.zeros(num_groups, dtype=dtype, device=r.device).index_add_(0, inverse, dev * dev)
+    std = torch.where(count >= 2, (sq / (count - 1).clamp(min=1).to(dtype)).sqrt(), torch.zeros_like(sq))
+    # Exact equality test via max == min, so float round-off in the std never un-masks a constant group.
+    inf = torch.full((num_groups,), float("inf"), dtype=dtype, device=r.device)
+    gmax = (-inf).scatter_reduce(0, inverse, torch.where(valid, r, -torch.inf), reduce="amax")
+    gmin = inf.scatter_reduce(0, inverse, torch.where(valid, r, torch.inf), reduce="amin")
+    zero_std = (count < 2) | (gmax == gmin)
+    return _GroupStats(inverse, unique_ids, valid, count, mean, std, zero_std)
+
+
+def compute_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    scale_rewards: str = "group",
+    epsilon: float = 1e-4,
+) -> AdvantageResult:
+    """Group-normalised advantages (paper eq. in §1.2 / §2.1).
+
+    Args:
+        rewards: ``[N]`` float; NaN marks an unscorable or excluded row.
+        group_ids: ``[N]`` integer prompt uid; rows with equal id form a group (any order).
+        scale_rewards: ``"group"``: ``(r - mean_g) / sqrt(std_g**2 + epsilon)`` (the paper);
+            ``"batch"``: ``(r - mean_g) / sqrt(std_batch**2 + epsilon)`` with the unbiased std of all
+            valid rewards of the batch (TRL's ``scale_rewards="batch"``); ``"none"``: ``r - mean_g``
+            (Dr. GRPO).
+        epsilon: variance floor ``>= 0`` (config ``algo.advantage_epsilon``).
+
+    Returns:
+        :class:`AdvantageResult`; advantages are in ``promote(rewards.dtype, float32)``, exactly 0 and
+        finite for excluded rows and zero-std groups (pitfalls.md #1), whatever ``scale_rewards``.
+
+    Raises:
+        ValueError: on shape/dtype mismatch, unknown ``scale_rewards`` or negative ``epsilon``.
+
+    Example:
+        >>> res = compute_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([7, 9, 7, 9]))
+        >>> [round(a, 4) for a in res.advantages.tolist()]
+        [0.707, 0.0, -0.707, 0.0]
+    """
+    _check_inputs(rewards, group_ids)
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"algo.scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
+    if not epsilon >= 0:
+        raise ValueError(f"algo.advantage_epsilon must be >= 0, got {epsilon}")
+    st = _group_stats(rewards, group_ids)
+    r = rewards.to(st.mean.dtype)
+    inv = st.inverse
+    centred = r - st.mean[inv]
+    if scale_rewards == "group":
+        adv = centred / (st.std[inv] ** 2 + epsilon).sqrt()
+    elif scale_rewards == "batch":
+        rv = r[st.valid]
+        batch_std = rv.std() if rv.numel() >= 2 else r.new_zeros(())
+        adv = centred / (batch_std**2 + epsilon).sqrt()
+    else:
+        adv = centred
+    zero = st.zero_std[inv]
+    adv = torch.where(zero | ~st.valid, torch.zeros_like(adv), adv)
+    return AdvantageResult(
+        advantages=adv,
+        group_mean=st.mean[inv],
+        group_std=st.std[inv],
+        group_valid_count=st.count[inv],
+        zero_std=zero,
+    )
+
+
+def group_reward_summary(rewards: Tensor, group_ids: Tensor) -> dict[str, Tensor]:
+    """Per-GROUP statistics for logging the masked fraction (paper.md §3.6 item 2).
+
+    Args:
+        rewards: ``[N]`` float, NaN = excluded.
+        group_ids: ``[N]`` integer prompt uid.
+
+    Returns:
+        Dict of ``[G]`` tensors, groups ordered by sorted id: ``group_ids``, ``count`` (long, valid rows),
+        ``mean``, ``std`` (unbiased, 0 with < 2 valid rows), ``zero_std`` (bool), ``all_correct`` (zero std
+        and every valid reward == 1.0, the maximum reward), ``all_wrong`` (zero std and every valid reward
+        == 0). A group with no valid row is zero-std but neither all-correct nor all-wrong.
+
+    Raises:
+        ValueError: on shape/dtype mismatch.
+    """
+    _check_inputs(rewards, group_ids)
+    st = _group_stats(rewards, group_ids)
+    has = st.count > 0
+    return {
+        "group_ids": st.unique_ids,
+        "count": st.count,
+        "mean": st.mean,
+        "std": st.std,
+        "zero_std": st.zero_std,
+        "all_correct": st.zero_std & has & ((st.mean - 1.0).abs() <= 1e-6),
+        "all_wrong": st.zero_std & has & (st.mean.abs() <= 1e-6),
+    }

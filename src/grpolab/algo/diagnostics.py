@@ -1,0 +1,138 @@
+"""Diagnostics from the paper's theory (paper.md §3.3, §3.5, §3.6): the weight c(x), policy/sampler
+divergence estimates, the importance-sampled surrogate and the Theorem 1 lower bound.
+
+All functions are detached (no gradient) and return 0 rather than NaN when a mask selects nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def c_weight(std: Tensor, epsilon: float) -> Tensor:
+    """Theorem 1 penalty weight ``c = (1 - sqrt(std**2 + eps)) / sqrt(std**2 + eps)`` (paper.md §3.3).
+
+    Args:
+        std: ``[...]`` float, reward std of the group (for Bernoulli rewards ``sqrt(p * (1 - p))``).
+        epsilon: variance floor ``>= 0`` (``algo.advantage_epsilon``); with ``epsilon = 0`` a zero std
+            gives ``inf``, the honest value of the bound.
+
+    Returns:
+        ``[...]`` float, ``c`` per entry (1.0 at p = 0.5, 2.33 at p = 0.1, ``1/sqrt(eps) - 1`` at p = 0).
+
+    Raises:
+        ValueError: if ``epsilon < 0``.
+
+    Example:
+        >>> p = torch.tensor([0.5, 0.1])
+        >>> c_weight((p * (1 - p)).sqrt(), 1e-8)
+        tensor([1.0000, 2.3333])
+    """
+    if not epsilon >= 0:
+        raise ValueError(f"algo.advantage_epsilon must be >= 0, got {epsilon}")
+    s = (std.detach().to(torch.promote_types(std.dtype, torch.float32)) ** 2 + epsilon).sqrt()
+    return (1.0 - s) / s
+
+
+def _mean_or_zero(x: Tensor) -> Tensor:
+    return x.mean() if x.numel() else x.new_zeros(())
+
+
+def policy_sampler_divergence(logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Token- and sequence-level divergence estimates between the policy and the sampler (§3.6 item 5).
+
+    With ``delta_t = logp_t - sampler_logp_t`` on loss tokens and ``Delta_i = sum_t delta_t``:
+
+    * ``tv_token`` = ``0.5 * mean_t |exp(delta_t) - 1|`` over all loss tokens;
+    * ``tv_seq`` = ``0.5 * mean_i |exp(Delta_i) - 1|`` over sequences with >= 1 loss token (heavy-tailed;
+      ``inf`` when ``exp`` overflows, never clamped);
+    * ``kl_sampler_policy`` = ``mean_i(-Delta_i)``, a sample estimate of ``KL(alpha || pi)``;
+    * ``log_ratio_seq_mean`` / ``_max`` / ``_min`` of ``Delta_i``; ``num_sequences``.
+
+    Args:
+        logp: ``[B, T]`` policy log-probs (detached here).
+        sampler_logp: ``[B, T]`` sampler log-probs.
+        mask: ``[B, T]`` bool or 0/1 loss mask.
+
+    Returns:
+        Dict of 0-dim float tensors; every value is 0 when the mask is empty.
+
+    Raises:
+        ValueError: on shape mismatch.
+    """
+    if logp.dim() != 2 or sampler_logp.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(
+            f"logp, sampler_logp and mask must share a [B, T] shape, got {tuple(logp.shape)}, "
+            f"{tuple(sampler_logp.shape)}, {tuple(mask.shape)}"
+        )
+    m = mask.bool()
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    delta = torch.where(
+        m, logp.detach().to(dtype) - sampler_logp.detach().to(dtype), torch.zeros((), dtype=dtype)
+    )
+    seq_valid = m.any(1)
+    seq = delta.sum(1)[seq_valid]
+    tok = delta[m]
+    return {
+        "tv_token": 0.5 * _mean_or_zero((tok.exp() - 1).abs()),
+        "tv_seq": 0.5 * _mean_or_zero((seq.exp() - 1).abs()),
+        "kl_sampler_policy": _mean_or_zero(-seq),
+        "log_ratio_seq_mean": _mean_or_zero(seq),
+        "log_ratio_seq_max": seq.max() if seq.numel() else delta.new_zeros(()),
+        "log_ratio_seq_min": seq.min() if seq.numel() else delta.new_zeros(()),
+        "num_sequences": seq_valid.sum().to(dtype),
+    }
+
+
+def surrogate(seq_log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Unclipped IS surrogate ``L = mean_i exp(Delta_i) * A_i`` over unmasked sequences (§2.1, §3.6 item 6).
+
+    Args:
+        seq_log_ratio: ``[B]`` float, ``Delta_i = log pi(y_i|x) - log alpha(y_i|x)``.
+        advantages: ``[B]`` float.
+        mask: ``[B]`` bool, sequences to include.
+
+    Returns:
+        0-dim tensor; 0 when no sequence is selected.
+
+    Raises:
+        ValueError: on shape mismatch.
+
+    Example:
+        >>> surrogate(torch.tensor([0.0, 0.0]), torch.tensor([1.0, -0.5]), torch.tensor([True, True]))
+        tensor(0.2500)
+    """
+    if (
+        seq_log_ratio.dim() != 1
+        or advantages.shape != seq_log_ratio.shape
+        or mask.shape != seq_log_ratio.shape
+    ):
+        raise ValueError("seq_log_ratio, advantages and mask must share a [B] shape")
+    m = mask.bool()
+    vals = seq_log_ratio.detach()[m].exp() * advantages.detach().to(seq_log_ratio.dtype)[m]
+    return _mean_or_zero(vals)
+
+
+def theorem1_lower_bound(
+    surrogate: Tensor | float,
+    c_mean: Tensor | float,
+    tv_pi_alpha: Tensor | float,
+    tv_pik_alpha: Tensor | float,
+) -> Tensor:
+    """Theorem 1 bound ``LB = L - 2 * c * TV(pi, alpha) - 2 * TV(pi_k, alpha)`` (paper.md §3.1).
+
+    The theorem holds per prompt; the arguments broadcast elementwise, so per-group tensors can be passed
+    and averaged afterwards (``mean(c * TV)`` is not ``mean(c) * mean(TV)``).
+
+    Returns:
+        Tensor of the broadcast shape (0-dim for scalars), detached.
+
+    Example:
+        >>> theorem1_lower_bound(0.5, 1.0, 0.1, 0.05)
+        tensor(0.2000)
+    """
+    args = [torch.as_tensor(a).detach() for a in (surrogate, c_mean, tv_pi_alpha, tv_pik_alpha)]
+    dtype = torch.float64 if any(a.dtype == torch.float64 for a in args) else torch.float32
+    l_val, c, tv1, tv2 = (a.to(dtype) for a in args)
+    return l_val - 2.0 * c * tv1 - 2.0 * tv2
