@@ -1,0 +1,109 @@
+"""Typed, validated algorithm settings (the ``algo`` config group without the optimizer partials).
+
+Field names follow TRL's ``GRPOConfig`` where TRL has one. Every check raises a ``ValueError`` naming the
+``algo.<key>`` at fault, before any model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from grpolab.algo.losses import LossConfig
+
+
+@dataclass
+class GRPOConfig:
+    """GRPO knobs. See ``conf/algo/base.yaml`` for one comment per value.
+
+    The paper's ``v`` (sampler refresh period) is ``steps_per_generation``; its ``i`` (gradient steps per
+    sampled minibatch) is ``num_iterations`` (paper.md §2.3).
+    """
+
+    name: str = "grpo_onpolicy"
+    num_generations: int = 8
+    per_device_train_batch_size: int = 64
+    micro_batch_size: int | None = None
+    steps_per_generation: int = 1
+    num_iterations: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_length: int | None = None
+    max_completion_length: int = 8
+    scale_rewards: str = "group"
+    advantage_epsilon: float = 1e-4
+    mask_zero_std_groups: bool = False
+    mask_truncated_completions: bool = False
+    truncated_reward: float | None = 0.0
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    clip_mode: str = "ppo"
+    importance_sampling_level: str = "token"
+    loss_type: str = "bnpo"
+    ref_refresh_every: int | None = None
+    learning_rate: float = 1e-4
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, key: str, what: str) -> None:
+            if not ok:
+                raise ValueError(f"algo.{key} {what}, got {getattr(self, key)!r}")
+
+        need(self.num_generations >= 2, "num_generations", "must be >= 2 (a group of one has no baseline)")
+        need(self.per_device_train_batch_size >= self.num_generations
+             and self.per_device_train_batch_size % self.num_generations == 0,
+             "per_device_train_batch_size", f"must be a positive multiple of algo.num_generations={self.num_generations}")
+        if self.micro_batch_size is not None:
+            need(self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1 or null")
+        need(self.steps_per_generation >= 1, "steps_per_generation", "must be >= 1")
+        need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
+        need(self.temperature > 0, "temperature", "must be > 0")
+        # The trainer's log-probs use the temperature transform only, so the sampler must not truncate the
+        # distribution, or the first on-policy ratio would not be 1 (pitfalls.md #13).
+        need(self.top_p == 1.0, "top_p", "must be 1.0 for training (truncated sampling biases the ratio)")
+        need(self.top_k in (0, None), "top_k", "must be 0 (disabled) for training (truncated sampling biases the ratio)")
+        need(self.max_completion_length >= 1, "max_completion_length", "must be >= 1")
+        if self.max_prompt_length is not None:
+            need(self.max_prompt_length >= 1, "max_prompt_length", "must be >= 1 or null")
+        need(self.scale_rewards in ("group", "batch", "none"), "scale_rewards", "must be group|batch|none")
+        need(self.advantage_epsilon >= 0, "advantage_epsilon", "must be >= 0")
+        need(self.beta >= 0, "beta", "must be >= 0")
+        need(self.learning_rate > 0, "learning_rate", "must be > 0")
+        if self.max_grad_norm is not None:
+            need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0 or null")
+        if self.ref_refresh_every is not None:
+            need(self.ref_refresh_every >= 1, "ref_refresh_every", "must be >= 1 or null")
+        self.loss_config()  # validates epsilon, epsilon_high, clip_mode, kl_estimator, loss_type, ...
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Distinct prompts per optimizer step (groups per minibatch)."""
+        return self.per_device_train_batch_size // self.num_generations
+
+    @property
+    def reuses_samples(self) -> bool:
+        """True when a minibatch is not trained on exactly once at lag 0, so sampler log-probs are needed."""
+        return self.steps_per_generation > 1 or self.num_iterations > 1
+
+    def loss_config(self) -> LossConfig:
+        """The :class:`~grpolab.algo.losses.LossConfig` for these settings."""
+        return LossConfig(epsilon=self.epsilon, epsilon_high=self.epsilon_high, clip_mode=self.clip_mode,
+                          importance_sampling_level=self.importance_sampling_level, beta=self.beta,
+                          kl_estimator=self.kl_estimator, loss_type=self.loss_type,
+                          max_completion_length=self.max_completion_length)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
+        """Build from a plain dict, ignoring the optimizer/scheduler partials; unknown keys raise."""
+        known = {f.name for f in fields(cls)}
+        skip = {"optimizer", "lr_scheduler"}
+        unknown = sorted(set(values) - known - skip)
+        if unknown:
+            raise ValueError(f"algo: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,301 @@
+"""Build or load the policy, the reference model and the tokenizer.
+
+Three kinds of model config share one interface (``load_tokenizer``, ``load_policy``):
+
+* :class:`PretrainedModel`: a Hugging Face causal LM from a hub id or a local folder (``path``).
+* :class:`TinyQwenModel`: a Qwen2-architecture model with small dimensions and random weights that uses a
+  real tokenizer from a local folder, so chat-template and BPE code paths run without a download.
+* :class:`TinyCharModel`: the embedded default, a ~1.6M-parameter Qwen2 model with a character-level
+  tokenizer, built locally and warm-started with a short supervised run on the task's reference answers
+  (cached on disk, keyed by everything that determines it).
+
+Nothing is loaded in a constructor: the Lightning module calls ``load_policy`` in ``configure_model``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def stop_token_ids(tokenizer: Any, model: Any | None = None) -> list[int]:
+    """Every id that ends a completion: the tokenizer's eos plus every ``eos_token_id`` of the model's
+    generation config (Qwen's instruct models stop on both ``<|im_end|>`` and ``<|endoftext|>``).
+
+    Returns:
+        Sorted list of distinct token ids (pitfalls.md #6).
+
+    Raises:
+        ValueError: if neither the tokenizer nor the generation config names a stop token.
+    """
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    if eos is not None:
+        ids.update(int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    if not ids:
+        raise ValueError("model: no stop token: the tokenizer has no eos_token and the generation config none")
+    return sorted(ids)
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """Put ``model`` in eval mode with gradients off (the frozen reference model)."""
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of ``policy``'s current weights, on the same device and dtype."""
+    return freeze(copy.deepcopy(policy))
+
+
+class PretrainedModel:
+    """A Hugging Face causal LM, from the hub (``name_or_path``) or a local folder (``path``).
+
+    Args:
+        name_or_path: hub id such as ``Qwen/Qwen2.5-1.5B-Instruct`` (needs a network) or a folder.
+        path: a local Hugging Face folder (for example a run's ``policy/``) that replaces the weights and
+            the tokenizer of ``name_or_path``.
+        tokenizer_path: a folder to take the tokenizer from instead (default: the weights' folder).
+        dtype: ``float32`` | ``bfloat16`` | ``float16`` for the weights.
+        gradient_checkpointing: trade compute for activation memory in the policy.
+        attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``flash_attention_2``, ``eager``).
+    """
+
+    def __init__(
+        self,
+        name_or_path: str | None = None,
+        path: str | None = None,
+        tokenizer_path: str | None = None,
+        dtype: str = "bfloat16",
+        gradient_checkpointing: bool = False,
+        attn_implementation: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        if not (name_or_path or path):
+            raise ValueError("model.name_or_path or model.path must be set")
+        _dtype(dtype)
+        self.name_or_path = name_or_path
+        self.path = path
+        self.tokenizer_path = tokenizer_path
+        self.dtype = dtype
+        self.gradient_checkpointing = gradient_checkpointing
+        self.attn_implementation = attn_implementation
+        self.trust_remote_code = trust_remote_code
+
+    @property
+    def source(self) -> str:
+        """Where the weights come from: ``path`` if set, else ``name_or_path``."""
+        return str(self.path or self.name_or_path)
+
+    def stop_token_ids(self, tokenizer: Any) -> list[int]:
+        """The tokenizer's eos plus every eos id of the weights' ``generation_config.json`` if present."""
+        try:
+            gen = GenerationConfig.from_pretrained(self.source)
+        except (OSError, ValueError):
+            gen = None
+        holder = type("_Holder", (), {"generation_config": gen})()
+        return stop_token_ids(tokenizer, holder)
+
+    def load_tokenizer(self) -> Any:
+        """Load the tokenizer (left padding, pad token set to eos when the tokenizer has none)."""
+        tok = AutoTokenizer.from_pretrained(self.tokenizer_path or self.source, trust_remote_code=self.trust_remote_code)
+        return _prepare_tokenizer(tok)
+
+    def load_policy(self, task: Any | None = None) -> torch.nn.Module:
+        """Load the trainable policy. ``task`` is unused here (the tiny model uses it to warm-start)."""
+        kwargs: dict[str, Any] = {"dtype": _dtype(self.dtype), "trust_remote_code": self.trust_remote_code}
+        if self.attn_implementation:
+            kwargs["attn_implementation"] = self.attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(self.source, **kwargs)
+        return self._finish(model)
+
+    def _finish(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        return model
+
+
+def _prepare_tokenizer(tok: Any) -> Any:
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+class TinyQwenModel(PretrainedModel):
+    """Qwen2 architecture, small dimensions, random weights, a real tokenizer from ``tokenizer_path``.
+
+    With ``path`` set it loads that folder instead (like every model config).
+    """
+
+    def __init__(
+        self,
+        tokenizer_path: str,
+        hidden_size: int = 64,
+        num_hidden_layers: int = 2,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        intermediate_size: int = 128,
+        max_position_embeddings: int = 2048,
+        seed: int = 0,
+        path: str | None = None,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__(name_or_path=tokenizer_path, path=path, tokenizer_path=None if path else tokenizer_path,
+                         dtype=dtype, gradient_checkpointing=gradient_checkpointing)
+        self.arch = dict(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+                         intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
+        self.seed = seed
+
+    def stop_token_ids(self, tokenizer: Any) -> list[int]:
+        if self.path:
+            return super().stop_token_ids(tokenizer)
+        return stop_token_ids(tokenizer)
+
+    def load_policy(self, task: Any | None = None) -> torch.nn.Module:
+        if self.path:
+            return super().load_policy(task)
+        tok = self.load_tokenizer()
+        torch.manual_seed(self.seed)
+        config = Qwen2Config(vocab_size=len(tok), tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, **self.arch)
+        model = AutoModelForCausalLM.from_config(config, dtype=_dtype(self.dtype))
+        model.generation_config = GenerationConfig(eos_token_id=stop_token_ids(tok), pad_token_id=tok.pad_token_id)
+        return self._finish(model)
+
+
+CHAR_VOCAB = list("0123456789+-*=()., ")
+CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
+
+
+def build_char_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer: one token per character, ``<pad>``=0, ``<eos>``=1, ``<unk>``=2.
+
+    It saves and reloads with ``save_pretrained``/``AutoTokenizer.from_pretrained`` like any HF tokenizer.
+    """
+    vocab = {t: i for i, t in enumerate(CHAR_SPECIALS + list(chars or CHAR_VOCAB))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    return _prepare_tokenizer(tok)
+
+
+class TinyCharModel(PretrainedModel):
+    """The embedded default: a Qwen2 model of about 1.6M parameters with a character-level tokenizer.
+
+    On first use it is built from ``seed`` and warm-started by supervised training on the task's training
+    answers until the expected sampled accuracy (exact, from teacher-forced probabilities at
+    ``warmstart.temperature``) on held-out training prompts reaches ``warmstart.target_accuracy``. The result
+    is cached under ``cache_dir`` keyed by a hash of the architecture, the task rows and the warm-start
+    settings, so a sweep builds it once.
+
+    Args:
+        cache_dir: folder for warm-started models (``${paths.cache_dir}``).
+        warmstart: dict of :func:`grpolab.warmstart.warm_start` arguments, or None to skip it.
+        path: a local folder to load instead (a run's ``policy/``), skipping the build.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int = 192,
+        num_hidden_layers: int = 4,
+        num_attention_heads: int = 6,
+        num_key_value_heads: int = 2,
+        intermediate_size: int = 512,
+        max_position_embeddings: int = 64,
+        seed: int = 0,
+        cache_dir: str = ".cache/grpolab",
+        warmstart: dict | None = None,
+        path: str | None = None,
+        dtype: str = "float32",
+    ) -> None:
+        super().__init__(name_or_path="tiny-char", path=path, dtype=dtype)
+        self.arch = dict(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                         num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+                         intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
+        self.seed = seed
+        self.cache_dir = cache_dir
+        self.warmstart = dict(warmstart) if warmstart else None
+
+    def load_tokenizer(self) -> Any:
+        if self.path:
+            return super().load_tokenizer()
+        return build_char_tokenizer()
+
+    def stop_token_ids(self, tokenizer: Any) -> list[int]:
+        if self.path:
+            return super().stop_token_ids(tokenizer)
+        return [int(tokenizer.eos_token_id)]
+
+    def _fresh(self, tok: Any) -> torch.nn.Module:
+        torch.manual_seed(self.seed)
+        config = Qwen2Config(vocab_size=len(tok), tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, **self.arch)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.generation_config = GenerationConfig(eos_token_id=stop_token_ids(tok), pad_token_id=tok.pad_token_id)
+        return model
+
+    def cache_key(self, task: Any | None) -> str:
+        """Hash of everything that determines the warm-started weights."""
+        rows = task.splits()["train"] if task is not None else []
+        blob = json.dumps({"arch": self.arch, "seed": self.seed, "vocab": CHAR_SPECIALS + CHAR_VOCAB,
+                           "warmstart": self.warmstart, "train": [(r["prompt"], r["answer"]) for r in rows]},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def load_policy(self, task: Any | None = None) -> torch.nn.Module:
+        if self.path:
+            return super().load_policy(task)
+        tok = self.load_tokenizer()
+        if not self.warmstart:
+            return self._fresh(tok)
+        if task is None:
+            raise ValueError("model.warmstart needs a task: pass the task to load_policy")
+        target = Path(self.cache_dir) / "tiny_char" / self.cache_key(task)
+        if (target / "config.json").exists():
+            log.info("tiny model: loading the cached warm start from %s", target)
+            return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+        from grpolab.warmstart import warm_start
+
+        model = self._fresh(tok)
+        report = warm_start(model, tok, task.splits()["train"], seed=self.seed, **self.warmstart)
+        log.info("tiny model: warm start %s", report)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent))
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "warmstart.json").write_text(json.dumps(report, indent=2))
+        try:
+            os.replace(tmp, target)  # atomic: a concurrent job sees either nothing or a whole folder
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return model

@@ -1,0 +1,265 @@
+"""GRPOModule: the policy, a frozen reference model, and one GRPO optimizer step per training batch.
+
+Manual optimization keeps the step exact: the loss of a step is split into micro-batches that share one
+denominator (so the result does not depend on the split), non-finite losses and gradients stop training
+*before* the optimizer touches the weights, and gradient clipping sees the whole step's gradient.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from typing import Any, Callable
+
+import lightning as L
+import torch
+
+from grpolab.algo.advantages import group_reward_summary
+from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate, theorem1_lower_bound
+from grpolab.algo.kl import masked_mean
+from grpolab.algo.losses import grpo_loss, loss_denominator, loss_stats_to_metrics, merge_loss_stats
+from grpolab.config import GRPOConfig
+from grpolab.models import make_reference
+from grpolab.rollout.buffer import Minibatch
+from grpolab.rollout.forward import completion_log_probs
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when a loss or gradient norm is NaN/inf; the weights are left as they were before the step."""
+
+
+class GRPOModule(L.LightningModule):
+    """Policy + frozen reference (only when ``beta > 0``) trained with the GRPO objective.
+
+    Args:
+        model: a model spec from ``conf/model`` (``load_tokenizer()``, ``load_policy(task)``).
+        cfg: validated :class:`~grpolab.config.GRPOConfig`.
+        optimizer: partial ``(params) -> torch.optim.Optimizer`` (Hydra ``_partial_``).
+        lr_scheduler: partial ``(optimizer, ...) -> LRScheduler`` or None; ``num_training_steps`` is filled
+            in from ``trainer.max_steps`` when the schedule takes it.
+        task: passed to ``model.load_policy`` (the tiny model warm-starts on it).
+        val_num_generations: samples per held-out prompt for ``val/accuracy`` (mean@n).
+    """
+
+    def __init__(self, model: Any, cfg: GRPOConfig, optimizer: Callable[..., torch.optim.Optimizer],
+                 lr_scheduler: Callable[..., Any] | None = None, task: Any | None = None,
+                 val_num_generations: int = 4) -> None:
+        super().__init__()
+        if val_num_generations < 1:
+            raise ValueError(f"val.num_generations must be >= 1, got {val_num_generations}")
+        self.automatic_optimization = False
+        self.model_spec = model
+        self.cfg = cfg
+        self.loss_cfg = cfg.loss_config()
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self.task = task
+        self.val_num_generations = val_num_generations
+        self.policy: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None
+        self._tokenizer = None
+        self.producer: Any = None  # set by RolloutDataModule.connect
+        self._anchors: dict[tuple[int, int], torch.Tensor] = {}
+        self.val_history: list[dict[str, float]] = []
+        self.time_train_s = 0.0
+        self.num_tokens = 0
+        self._val_acc: dict[str, float] = {}
+        self._fit_start: float | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = self.model_spec.load_tokenizer()
+        return self._tokenizer
+
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        self.policy = self.model_spec.load_policy(self.task)
+        self.policy.train()
+        if self.cfg.beta > 0:  # with beta = 0 no reference model is loaded at all
+            self.reference = make_reference(self.policy)
+
+    def configure_optimizers(self) -> Any:
+        opt = self.optimizer_factory(params=[p for p in self.policy.parameters() if p.requires_grad])
+        if self.scheduler_factory is None:
+            return opt
+        kwargs = {}
+        params = inspect.signature(getattr(self.scheduler_factory, "func", self.scheduler_factory)).parameters
+        if "num_training_steps" in params:
+            kwargs["num_training_steps"] = max(int(self.trainer.max_steps), 1)
+        sched = self.scheduler_factory(optimizer=opt, **kwargs)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -------------------------------------------------------------------------------------- training
+    def on_fit_start(self) -> None:
+        self._fit_start = time.perf_counter()
+
+    def _anchor(self, mb: Minibatch, start: int, stop: int, current: torch.Tensor) -> torch.Tensor:
+        """log pi_k: the policy at the first use of this minibatch (frozen for its later iterations)."""
+        key = (mb.round, mb.index)
+        if mb.iteration == 0:
+            return current
+        return self._anchors[key][start:stop].to(current.device)
+
+    def training_step(self, mb: Minibatch, batch_idx: int) -> torch.Tensor:
+        t0 = time.perf_counter()
+        c, step = self.cfg, self.global_step
+        opt = self.optimizers()
+        n = len(mb)
+        size = c.micro_batch_size or n
+        denominator = loss_denominator(mb.loss_mask, c.loss_type, c.max_completion_length)
+        if c.loss_type == "dapo" and self.trainer.world_size > 1:  # global token count across ranks
+            denominator = float(self.trainer.strategy.reduce(torch.tensor(denominator, device=self.device),
+                                                             reduce_op="sum"))
+        stats, current, entropies, total = [], [], [], 0.0
+        for s in range(0, n, size):
+            rows = mb.rows(s, s + size)
+            rows = {k: (None if v is None else v.to(self.device)) for k, v in rows.items()}
+            logp, entropy = completion_log_probs(self.policy, rows["prompt_ids"], rows["prompt_mask"],
+                                                 rows["completion_ids"], rows["completion_mask"], c.temperature,
+                                                 with_entropy=True)
+            cur = logp.detach()
+            sampler = rows["sampler_logp"] if rows["sampler_logp"] is not None else cur
+            anchor = self._anchor(mb, s, s + size, cur)
+            loss, st = grpo_loss(logp, sampler, anchor, rows["advantages"], rows["loss_mask"], self.loss_cfg,
+                                 denominator, rows["ref_logp"])
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(f"step {step}: loss is {loss.item()} in micro-batch starting at row {s} "
+                                         f"(ratio max {float(st['ratio_max'])}, kl sum {float(st.get('kl_sum', 0))})")
+            self.manual_backward(loss)
+            total += float(loss.detach())
+            stats.append(st)
+            current.append(cur)
+            entropies.append(entropy)
+        if mb.iteration == 0 and c.num_iterations > 1:
+            self._anchors = {(mb.round, mb.index): torch.cat(current).cpu()}
+        grad_norm = self._clip_and_check(step)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched = self.lr_schedulers()
+        if sched is not None:
+            sched.step()
+        if c.ref_refresh_every and self.reference is not None and self.global_step % c.ref_refresh_every == 0:
+            self.reference.load_state_dict(self.policy.state_dict())
+        self.time_train_s += time.perf_counter() - t0
+        self._log_step(mb, total, stats, torch.cat(current), torch.cat(entropies), grad_norm, t0)
+        return torch.tensor(total)
+
+    def _clip_and_check(self, step: int) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        if not math.isfinite(norm):
+            raise NonFiniteLossError(f"step {step}: gradient norm is {norm}; the optimizer step was not taken")
+        return norm
+
+    def _log_step(self, mb: Minibatch, loss: float, stats: list[dict], logp: torch.Tensor, entropy: torch.Tensor,
+                  grad_norm: float, t0: float) -> None:
+        c = self.cfg
+        mask = mb.loss_mask.to(logp.device).bool()
+        valid = ~torch.isnan(mb.rewards)
+        rewards = mb.rewards[valid]
+        summary = group_reward_summary(mb.rewards, mb.group_ids)
+        num_groups = max(len(summary["mean"]), 1)
+        lengths = mb.completion_mask.sum(1).float()
+        self.num_tokens += int(mb.completion_mask.sum() + mb.prompt_mask.sum())
+        m: dict[str, float] = {
+            "loss": loss,
+            "reward": float(rewards.mean()) if len(rewards) else 0.0,
+            "reward_std": float(summary["std"].mean()),
+            "frac_reward_zero_std": float(mb.zero_std.float().mean()),
+            "frac_zero_std/all_correct": float(summary["all_correct"].float().sum()) / num_groups,
+            "frac_zero_std/all_wrong": float(summary["all_wrong"].float().sum()) / num_groups,
+            "frac_unscorable": float((~valid).float().mean()),
+            "entropy": float(masked_mean(entropy, mb.completion_mask.to(entropy.device).float())),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/clipped_ratio": float(mb.truncated.float().mean()),
+            "num_tokens": float(self.num_tokens),
+            "grad_norm": grad_norm,
+            "learning_rate": float(self.optimizers().param_groups[0]["lr"]),
+            "lag": float(mb.index),
+            "iteration": float(mb.iteration),
+            "sampler_refreshes": float(mb.round + 1),
+        }
+        for name, values in mb.info.get("per_func", {}).items():
+            vals = [v for v in values if v is not None]
+            m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else 0.0
+        m.update(loss_stats_to_metrics(merge_loss_stats(stats)))
+        # Paper diagnostics (paper.md §3.6): policy vs sampler, c(x), Theorem 1 bound, at pi = pi_k.
+        sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
+        div = policy_sampler_divergence(logp, sampler, mask)
+        m.update({k: float(v) for k, v in div.items() if k != "num_sequences"})
+        seq_mask = mask.any(1)
+        cw = c_weight(mb.info["group_std"].to(logp.device), c.advantage_epsilon)
+        unmasked = seq_mask & ~mb.zero_std.to(logp.device)
+        m["c_weight/mean"] = float(cw.mean())
+        m["c_weight/max"] = float(cw.max())
+        m["c_weight/unmasked_mean"] = float(cw[unmasked].mean()) if unmasked.any() else 0.0
+        delta = ((logp - sampler) * mask).sum(1)
+        sur = surrogate(delta, mb.advantages.to(logp.device), seq_mask)
+        m["surrogate"] = float(sur)
+        m["lower_bound"] = float(theorem1_lower_bound(sur, torch.tensor(m["c_weight/unmasked_mean"]),
+                                                      div["tv_seq"], div["tv_seq"]))
+        now = time.perf_counter()
+        m["step_time"] = now - t0
+        m["time/train"] = self.time_train_s
+        dm = self.trainer.datamodule
+        m["time/rollout"] = getattr(dm, "time_rollout_s", 0.0)
+        m["time/elapsed"] = now - (self._fit_start or now)
+        m["tokens_per_second"] = self.num_tokens / max(m["time/elapsed"], 1e-9)
+        self.log_dict({f"train/{k}": v for k, v in m.items()}, on_step=True, on_epoch=False, batch_size=len(mb))
+
+    # ------------------------------------------------------------------------------------ validation
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {"correct": 0.0, "n": 0, "greedy_correct": 0.0, "greedy_n": 0, "length": 0.0,
+                          "truncated": 0.0, "unscorable": 0}
+        self._rng_state = torch.get_rng_state()
+        torch.manual_seed(12345 + self.global_step)  # same held-out samples for the same step, any run
+
+    def validation_step(self, rows: list[dict], batch_idx: int) -> None:
+        if self.producer is None:
+            raise RuntimeError("GRPOModule: no rollout producer; call datamodule.connect(module) first")
+        sums = self._val_sums
+        for greedy, n in ((False, self.val_num_generations), (True, 1)):
+            s = self.producer.sample(self.policy, rows, n, greedy=greedy)
+            r = s["rewards"]
+            ok = ~torch.isnan(r)
+            sums["unscorable"] += int((~ok).sum())
+            if greedy:
+                sums["greedy_correct"] += float(r[ok].sum())
+                sums["greedy_n"] += int(ok.sum())
+            else:
+                sums["correct"] += float(r[ok].sum())
+                sums["n"] += int(ok.sum())
+                sums["length"] += float(s["generation"].completion_mask.sum())
+                sums["truncated"] += float(s["generation"].truncated.sum())
+
+    def on_validation_epoch_end(self) -> None:
+        torch.set_rng_state(self._rng_state)
+        s = self._val_sums
+        n_samples = max(s["n"] + (s["unscorable"] if s["n"] == 0 else 0), 1)
+        acc = {
+            "accuracy": s["correct"] / max(s["n"], 1),
+            "greedy_accuracy": s["greedy_correct"] / max(s["greedy_n"], 1),
+            "mean_length": s["length"] / n_samples,
+            "truncated_ratio": s["truncated"] / n_samples,
+            "num_unscorable": float(s["unscorable"]),
+        }
+        self._val_acc = acc
+        if not self.trainer.sanity_checking:
+            self.val_history.append({"step": int(self.global_step), **acc})
+        self.log_dict({f"val/{k}": v for k, v in acc.items()}, on_step=False, on_epoch=True)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
+                                 "time_train_s": self.time_train_s, "num_tokens": self.num_tokens}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("grpolab", {})
+        self._anchors = state.get("anchors", {})
+        self.val_history = state.get("val_history", [])
+        self.time_train_s = state.get("time_train_s", 0.0)
+        self.num_tokens = state.get("num_tokens", 0)

@@ -1,0 +1,133 @@
+"""Generation engines: turn prompt token ids into sampled completions.
+
+:class:`GenerationEngine` is the interface the data module and the evaluator use; :class:`HFGenerationEngine`
+implements it with Hugging Face ``generate`` (KV cache, left padding, every stop id). A vLLM engine can
+implement the same ``generate`` later; with an external engine the off-policy schedule means pushing
+weights to it once every ``steps_per_generation`` steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from transformers import GenerationConfig
+
+from grpolab.algo.masks import completion_mask
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. ``top_k=0`` and ``top_p=1.0`` disable truncation (pitfalls.md #13)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    do_sample: bool = True
+
+
+@dataclass
+class Generation:
+    """One generated batch; row ``i`` continues prompt ``i``.
+
+    Attributes:
+        prompt_ids: [B, P] long, left-padded prompts.
+        prompt_mask: [B, P] long, 1 on real prompt tokens.
+        completion_ids: [B, L] long, as sampled; positions after the first stop token hold padding.
+        completion_mask: [B, L] bool, 1 up to and including the first stop token (pitfalls.md #5-#7).
+        truncated: [B] bool, True when no stop token was sampled within ``max_new_tokens``.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    truncated: torch.Tensor
+
+
+class GenerationEngine(Protocol):
+    def generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation: ...
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists into ids [B, P] and mask [B, P] (long)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+class HFGenerationEngine:
+    """Sampling with ``model.generate``: KV cache, left padding, explicit sampling parameters.
+
+    Every sampling parameter is passed explicitly in a fresh ``GenerationConfig`` so neither the
+    ``generate`` defaults (top_k=50) nor the model's own ``generation_config`` change the distribution.
+
+    Args:
+        stop_token_ids: every id that ends a completion.
+        pad_token_id: id used for padding.
+        generation_batch_size: sequences per ``generate`` call (memory knob; None = all at once).
+    """
+
+    def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None):
+        if not stop_token_ids:
+            raise ValueError("rollout: at least one stop token id is needed")
+        if generation_batch_size is not None and generation_batch_size < 1:
+            raise ValueError(f"rollout.generation_batch_size must be >= 1 or null, got {generation_batch_size}")
+        self.stop_token_ids = list(stop_token_ids)
+        self.pad_token_id = pad_token_id
+        self.generation_batch_size = generation_batch_size
+
+    def _config(self, params: SamplingParams) -> GenerationConfig:
+        kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_token_ids,
+                      pad_token_id=self.pad_token_id, use_cache=True, do_sample=params.do_sample)
+        if params.do_sample:
+            kwargs.update(temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p)
+        return GenerationConfig(**kwargs)
+
+    @torch.no_grad()
+    def generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation:
+        """Sample one completion per prompt (repeat a prompt G times for a group).
+
+        Returns:
+            A :class:`Generation` on CPU.
+        """
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        config = self._config(params)
+        step = self.generation_batch_size or len(prompts)
+        parts = []
+        try:
+            for start in range(0, len(prompts), step):
+                ids, mask = left_pad(prompts[start:start + step], self.pad_token_id)
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                     generation_config=config)
+                parts.append((ids, mask, out[:, ids.shape[1]:].cpu()))
+        finally:
+            model.train(was_training)
+        return _merge(parts, self.pad_token_id, self.stop_token_ids)
+
+
+def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], pad_id: int,
+           stop_ids: list[int]) -> Generation:
+    """Concatenate generate() chunks. Masks and truncation flags are computed per chunk, before any width
+    padding, because the pad id may itself be a stop id (Qwen pads with <|endoftext|>; pitfalls.md #5)."""
+    p_width = max(p[0].shape[1] for p in parts)
+    c_width = max(max(p[2].shape[1] for p in parts), 1)
+    fields: dict[str, list[torch.Tensor]] = {"pi": [], "pm": [], "ci": [], "cm": [], "tr": []}
+    for ids, mask, comp in parts:
+        cm = completion_mask(comp, stop_ids)
+        lp, lc = p_width - ids.shape[1], c_width - comp.shape[1]
+        fields["pi"].append(torch.nn.functional.pad(ids, (lp, 0), value=pad_id))
+        fields["pm"].append(torch.nn.functional.pad(mask, (lp, 0), value=0))
+        fields["ci"].append(torch.nn.functional.pad(comp, (0, lc), value=pad_id))
+        fields["cm"].append(torch.nn.functional.pad(cm.mask.bool(), (0, lc), value=False))
+        fields["tr"].append(cm.truncated.bool())
+    return Generation(*(torch.cat(fields[k]) for k in ("pi", "pm", "ci", "cm", "tr")))

@@ -1,0 +1,72 @@
+"""The one forward pass that turns (prompt, completion) token ids into per-token log-probs.
+
+The sampler's log-probs, the reference log-probs and the training log-probs all come from this function,
+so they use the same sequence layout, position ids and temperature transform as ``generate`` (pitfalls.md
+#8): the first on-policy ratio is then exactly 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpolab.algo.logprobs import entropy_from_logits, token_log_probs
+
+
+def completion_log_probs(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of each completion token under ``model`` with logits divided by ``temperature``.
+
+    Args:
+        prompt_ids: [B, P] long, left-padded. prompt_mask: [B, P] (1 = real token).
+        completion_ids: [B, L] long. completion_mask: [B, L] (1 = real token up to the first stop).
+        temperature: sampling temperature (> 0).
+        with_entropy: also return the per-token entropy of the tempered distribution (no grad).
+
+    Returns:
+        ``(logp [B, L] float32, entropy [B, L] or None)``. Positions outside ``completion_mask`` hold
+        finite values that callers must mask out.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
+    # generate() derives positions from the attention mask; do the same so left padding is invisible.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    length = completion_ids.shape[1]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                logits_to_keep=length + 1, use_cache=False)
+    logits = out.logits[:, :-1].float()  # logits at position t predict token t + 1
+    logp = token_log_probs(logits, completion_ids, temperature)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits / temperature)
+    return logp, entropy
+
+
+@torch.no_grad()
+def batched_log_probs(model: Any, batch: dict[str, torch.Tensor], temperature: float,
+                      micro_batch_size: int | None) -> torch.Tensor:
+    """:func:`completion_log_probs` without grad, in micro-batches; returns [B, L] on the batch's device."""
+    was_training = model.training
+    model.eval()
+    n = batch["prompt_ids"].shape[0]
+    step = micro_batch_size or n
+    device = next(model.parameters()).device
+    parts = []
+    try:
+        for s in range(0, n, step):
+            logp, _ = completion_log_probs(
+                model, *(batch[k][s:s + step].to(device) for k in
+                         ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")), temperature)
+            parts.append(logp.cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(parts)

@@ -1,0 +1,141 @@
+"""Produce a rollout buffer: prompts -> generate -> verify -> advantages -> (log-probs) -> minibatches.
+
+No Lightning here: :class:`RolloutProducer` is called by the data module every ``steps_per_generation``
+optimizer steps, and can be driven by hand in tests or notebooks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from grpolab.algo.advantages import compute_advantages
+from grpolab.config import GRPOConfig
+from grpolab.rollout.buffer import Minibatch
+from grpolab.rollout.engine import GenerationEngine, SamplingParams
+from grpolab.rollout.forward import batched_log_probs
+
+
+def encode_prompts(task: Any, tokenizer: Any, rows: list[dict], max_prompt_length: int | None) -> list[list[int]]:
+    """Prompt text (instruction + chat template) to token ids; raises if a prompt exceeds the limit.
+
+    Raises:
+        ValueError: naming the row's uid when its prompt is longer than ``algo.max_prompt_length`` tokens
+            (we do not cut prompts silently).
+    """
+    out = []
+    for row in rows:
+        text = task.format_prompt(row, tokenizer)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if max_prompt_length is not None and len(ids) > max_prompt_length:
+            raise ValueError(f"prompt {row['uid']!r} has {len(ids)} tokens > algo.max_prompt_length={max_prompt_length}")
+        out.append(ids)
+    return out
+
+
+class RolloutProducer:
+    """Turns training rows into scored, advantage-weighted :class:`Minibatch` objects.
+
+    Args:
+        cfg: the validated algorithm settings.
+        task: the task (prompt formatting).
+        tokenizer: the policy's tokenizer.
+        engine: a :class:`~grpolab.rollout.engine.GenerationEngine`.
+        reward_model: a callable ``(completions, **columns) -> RewardOutput`` (``.rewards``, ``.per_func``).
+    """
+
+    def __init__(self, cfg: GRPOConfig, task: Any, tokenizer: Any, engine: GenerationEngine, reward_model: Any):
+        self.cfg = cfg
+        self.task = task
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.reward_model = reward_model
+        self.counters = {"unscorable": 0, "truncated": 0, "completions": 0}
+
+    def sampling(self, greedy: bool = False) -> SamplingParams:
+        c = self.cfg
+        return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or 0,
+                              max_new_tokens=c.max_completion_length, do_sample=not greedy)
+
+    def sample(self, policy: Any, rows: list[dict], num_generations: int, greedy: bool = False) -> dict[str, Any]:
+        """Generate ``num_generations`` completions per row and score them (rows stay grouped, row-major).
+
+        Returns:
+            dict with ``generation`` (:class:`~grpolab.rollout.engine.Generation`), ``rows`` (each input row
+            repeated), ``completions`` (decoded text of the masked tokens), ``rewards`` [N] float (NaN =
+            unscorable), ``per_func`` (name -> list of float|None).
+        """
+        prompts = encode_prompts(self.task, self.tokenizer, rows, self.cfg.max_prompt_length)
+        rep_rows = [r for r in rows for _ in range(num_generations)]
+        rep_prompts = [p for p in prompts for _ in range(num_generations)]
+        gen = self.engine.generate(policy, rep_prompts, self.sampling(greedy))
+        texts = [self.tokenizer.decode(ids[m].tolist(), skip_special_tokens=True)
+                 for ids, m in zip(gen.completion_ids, gen.completion_mask)]
+        columns = {k: [r.get(k) for r in rep_rows] for k in rep_rows[0] if k not in ("prompt",)}
+        columns["truncated"] = gen.truncated.tolist()
+        scored = self.reward_model(texts, **columns)
+        rewards = [math.nan if v is None else float(v) for v in scored.rewards]
+        if self.cfg.truncated_reward is not None:  # explicit policy for completions that never stopped (#14)
+            rewards = [self.cfg.truncated_reward if t else r for r, t in zip(rewards, gen.truncated.tolist())]
+        self.counters["completions"] += len(texts)
+        self.counters["unscorable"] += sum(math.isnan(r) for r in rewards)
+        self.counters["truncated"] += int(gen.truncated.sum())
+        return {"generation": gen, "rows": rep_rows, "completions": texts,
+                "rewards": torch.tensor(rewards, dtype=torch.float32), "per_func": scored.per_func}
+
+    def produce(self, policy: Any, reference: Any | None, rows: list[dict], round_index: int,
+                policy_version: int) -> list[Minibatch]:
+        """Build the ``steps_per_generation`` minibatches of one sampler refresh.
+
+        ``rows`` holds ``steps_per_generation x prompts_per_step`` distinct prompts; minibatch ``j`` takes
+        the ``j``-th slice. All completions are sampled by the current ``policy`` (the sampler alpha).
+        """
+        c = self.cfg
+        s = self.sample(policy, rows, c.num_generations)
+        gen, n_per = s["generation"], c.per_device_train_batch_size
+        uids = [r["uid"] for r in s["rows"]]
+        ids_of = {u: i for i, u in enumerate(dict.fromkeys(uids))}
+        group_ids = torch.tensor([ids_of[u] for u in uids], dtype=torch.long)
+        minibatches = []
+        for j in range(c.steps_per_generation):
+            sl = slice(j * n_per, (j + 1) * n_per)
+            rewards = s["rewards"][sl]
+            adv = compute_advantages(rewards, group_ids[sl], c.scale_rewards, c.advantage_epsilon)
+            keep = gen.completion_mask[sl].float()
+            keep = keep * (~torch.isnan(rewards)).float()[:, None]  # unscorable rows leave the loss (#11)
+            if c.mask_zero_std_groups:  # the paper's indicator 1{sigma != 0}
+                keep = keep * (~adv.zero_std).float()[:, None]
+            if c.mask_truncated_completions:
+                keep = keep * (~gen.truncated[sl]).float()[:, None]
+            mb = Minibatch(
+                prompt_ids=gen.prompt_ids[sl], prompt_mask=gen.prompt_mask[sl],
+                completion_ids=gen.completion_ids[sl], completion_mask=gen.completion_mask[sl],
+                truncated=gen.truncated[sl], group_ids=group_ids[sl], rewards=rewards,
+                advantages=adv.advantages, zero_std=adv.zero_std, loss_mask=keep,
+                round=round_index, index=j, policy_version=policy_version,
+                info={"uids": uids[sl], "prompts": [r["prompt"] for r in s["rows"][sl]],
+                      "completions": s["completions"][sl], "answers": [r["answer"] for r in s["rows"][sl]],
+                      "per_func": {k: v[sl] for k, v in s["per_func"].items()}, "group_std": adv.group_std},
+            )
+            mb = _trim(mb)
+            if c.reuses_samples:  # log alpha, needed whenever the policy can differ from the sampler
+                mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size)
+            if reference is not None:
+                mb.ref_logp = batched_log_probs(reference, mb.tensors(), c.temperature, c.micro_batch_size)
+            minibatches.append(mb)
+        return minibatches
+
+
+def _trim(mb: Minibatch) -> Minibatch:
+    """Drop columns of padding shared by every row (left of prompts, right of completions)."""
+    p_keep = mb.prompt_mask.any(0).nonzero()
+    if len(p_keep):
+        first = int(p_keep[0])
+        mb.prompt_ids, mb.prompt_mask = mb.prompt_ids[:, first:], mb.prompt_mask[:, first:]
+    c_keep = mb.completion_mask.any(0).nonzero()
+    last = int(c_keep[-1]) + 1 if len(c_keep) else 1
+    mb.completion_ids, mb.completion_mask = mb.completion_ids[:, :last], mb.completion_mask[:, :last]
+    mb.loss_mask = mb.loss_mask[:, :last]
+    return mb

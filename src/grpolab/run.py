@@ -1,0 +1,123 @@
+"""The training run behind ``src/train.py``: build everything from a composed config, fit, summarise."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from grpolab.config import GRPOConfig
+from grpolab.module import GRPOModule
+from grpolab.rollout.datamodule import RolloutDataModule
+
+log = logging.getLogger("grpolab")
+
+
+def _build(cfg: DictConfig, node: str, **kwargs: Any) -> Any:
+    target = OmegaConf.select(cfg, f"{node}._target_")
+    log.info("instantiating %s <%s>", node, target)
+    return instantiate(cfg[node], **kwargs)
+
+
+def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfig], dict | None]:
+    """In a multirun, a failing job writes ``error.txt`` in its folder and the sweep goes on; a single run
+    re-raises so the exit status is non-zero."""
+
+    @functools.wraps(fn)
+    def wrapped(cfg: DictConfig) -> dict | None:
+        try:
+            return fn(cfg)
+        except Exception:
+            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+            if not multirun:
+                raise
+            out = Path(cfg.paths.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "error.txt").write_text(traceback.format_exc())
+            log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
+            return None
+
+    return wrapped
+
+
+def build(cfg: DictConfig) -> dict[str, Any]:
+    """Validate the settings, then instantiate task, verifier, model spec, module, data module, trainer."""
+    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
+    L.seed_everything(cfg.seed, workers=True)
+    task = _build(cfg, "data")
+    reward_model = _build(cfg, "verifier")
+    model_spec = _build(cfg, "model")
+    module = GRPOModule(model=model_spec, cfg=algo, optimizer=instantiate(cfg.algo.optimizer),
+                        lr_scheduler=instantiate(cfg.algo.lr_scheduler) if cfg.algo.get("lr_scheduler") else None,
+                        task=task, val_num_generations=cfg.val.num_generations)
+    tokenizer = module.tokenizer
+    engine = _build(cfg, "rollout", stop_token_ids=model_spec.stop_token_ids(tokenizer),
+                    pad_token_id=tokenizer.pad_token_id)
+    datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size)
+    datamodule.connect(module)
+    callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
+    loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
+    trainer = _build(cfg, "trainer", callbacks=callbacks, logger=loggers)
+    return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer}
+
+
+def run_training(cfg: DictConfig) -> dict:
+    """Fit and write ``summary.json`` and ``policy/`` into the run folder. Returns the summary."""
+    start = time.perf_counter()
+    out = Path(cfg.paths.output_dir)
+    parts = build(cfg)
+    trainer, module, dm, algo = parts["trainer"], parts["module"], parts["datamodule"], parts["algo"]
+    if cfg.val.at_start and not cfg.ckpt_path:
+        trainer.validate(module, datamodule=dm, verbose=False)
+    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    if not module.val_history or module.val_history[-1]["step"] != module.global_step:
+        trainer.validate(module, datamodule=dm, verbose=False)
+    summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if cfg.save_policy:
+        module.policy.save_pretrained(out / "policy")
+        module.tokenizer.save_pretrained(out / "policy")
+    log.info("summary: %s", json.dumps(summary))
+    return summary
+
+
+def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: RolloutDataModule, total_s: float) -> dict:
+    hist = module.val_history
+    first, last = (hist[0], hist[-1]) if hist else ({}, {})
+    return {
+        "val_accuracy_start": first.get("accuracy"),
+        "val_accuracy_end": last.get("accuracy"),
+        "val_greedy_accuracy_start": first.get("greedy_accuracy"),
+        "val_greedy_accuracy_end": last.get("greedy_accuracy"),
+        "val_best_accuracy": max((h["accuracy"] for h in hist), default=None),
+        "val_history": hist,
+        "steps": int(module.global_step),
+        "sampler_refreshes": int(dm.rounds),
+        "time_total_s": round(total_s, 2),
+        "time_rollout_s": round(dm.time_rollout_s, 2),
+        "time_train_s": round(module.time_train_s, 2),
+        "completions": dm.producer.counters.get("completions", 0),
+        "unscorable": dm.producer.counters.get("unscorable", 0),
+        "truncated": dm.producer.counters.get("truncated", 0),
+        "algo": algo.name,
+        "steps_per_generation": algo.steps_per_generation,
+        "num_iterations": algo.num_iterations,
+        "clip_mode": algo.clip_mode,
+        "mask_zero_std_groups": algo.mask_zero_std_groups,
+        "loss_type": algo.loss_type,
+        "beta": algo.beta,
+        "learning_rate": algo.learning_rate,
+        "seed": int(cfg.seed),
+        "model": str(cfg.model._target_),
+        "data": str(cfg.data._target_),
+    }

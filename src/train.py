@@ -1,0 +1,34 @@
+"""Train a policy with on-policy or off-policy GRPO.
+
+    python src/train.py                                   # tiny model, arithmetic task, on-policy, CPU
+    python src/train.py algo=grpo_offpolicy               # sampler refreshed every k=10 steps
+    python src/train.py -m algo=grpo_onpolicy,grpo_offpolicy seed=0,1
+
+Instantiation happens in a fixed order and every ``_target_`` is logged. Settings are validated before any
+model is built. Outputs land in the Hydra run folder: metrics.csv, summary.json, checkpoints/, policy/.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
+
+from grpolab.run import run_training, task_wrapper  # noqa: E402
+
+log = logging.getLogger("grpolab.train")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    summary = task_wrapper(run_training)(cfg)
+    return None if summary is None else summary.get("val_accuracy_end")
+
+
+if __name__ == "__main__":
+    main()
