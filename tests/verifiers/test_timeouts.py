@@ -1,0 +1,122 @@
+"""Time limits on reward calls: off the main thread, in worker processes, and inside daemonic processes.
+
+math-verify's own ``signal.alarm`` timeout fails off the main thread; ours must not.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import pytest
+from slow_funcs import exit_on_marker, raise_on_marker, regex_bomb_on_marker, score_in_child, spin_on_marker
+
+from grpolab.verifiers.math import MathVerifier
+from grpolab.verifiers.reward import RewardModel
+
+
+def _in_thread(fn):
+    """Run ``fn`` in a non-main thread and return its result (re-raising its exception)."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the test
+            box["error"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(120)
+    assert not t.is_alive()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _reward_threads_alive() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "grpolab-reward" and t.is_alive()]
+
+
+def _wait_no_reward_threads(limit_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + limit_s
+    while _reward_threads_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _reward_threads_alive()
+
+
+# ------------------------------------------------------------------------------ watchdog thread (0 workers)
+def test_thread_watchdog_cuts_a_python_hang_off_the_main_thread():
+    rm = RewardModel({"slow": spin_on_marker}, timeout_s=0.5, num_workers=0)
+    start = time.perf_counter()
+    out = _in_thread(lambda: rm(["ok", "HANG", "ok", "ok"], answer=["1"] * 4))
+    assert time.perf_counter() - start < 5.0
+    assert out.rewards == [1.0, None, 1.0, 1.0]
+    assert out.per_func["slow"] == [1.0, None, 1.0, 1.0]
+    assert (out.num_timeouts, out.num_unscorable) == (1, 1)
+    assert _wait_no_reward_threads(), "the abandoned scoring thread kept running"
+
+
+def test_thread_watchdog_cuts_a_slow_math_verify_comparison():
+    """A real pathological answer: sympy needs ~20 s to compare (x+1)^1000 with 5 (pure Python)."""
+    rm = RewardModel({"math": MathVerifier()}, timeout_s=1.0, num_workers=0)
+    start = time.perf_counter()
+    out = _in_thread(lambda: rm([r"$\boxed{(x+1)^{1000}}$", r"$\boxed{5}$"], answer=["5", "5"]))
+    assert time.perf_counter() - start < 8.0
+    assert out.rewards == [None, 1.0]
+    assert out.num_timeouts == 1
+    assert _wait_no_reward_threads(10.0)
+
+
+# ----------------------------------------------------------------------------------------- worker processes
+def test_worker_processes_cut_a_hang_inside_c_code_and_recover():
+    """A regex bomb holds the GIL inside C: no thread can interrupt it, killing the worker can."""
+    rm = RewardModel({"slow": regex_bomb_on_marker}, timeout_s=1.0, num_workers=1)
+    try:
+        rm(["warm-up"], answer=["1"])  # start the worker outside the timed part
+        start = time.perf_counter()
+        out = _in_thread(lambda: rm(["ok", "HANG", "ok", "ok"], answer=["1"] * 4))
+        assert time.perf_counter() - start < 10.0
+        assert out.rewards == [1.0, None, 1.0, 1.0]
+        assert out.num_timeouts == 1
+        assert rm._pool.num_restarts == 1
+        assert rm(["ok", "ok"], answer=["1", "1"]).rewards == [1.0, 1.0]  # the replacement works
+    finally:
+        rm.close()
+
+
+def test_a_dying_worker_is_counted_and_replaced():
+    rm = RewardModel({"die": exit_on_marker}, timeout_s=10.0, num_workers=1)
+    try:
+        out = rm(["ok", "DIE", "ok"], answer=["1"] * 3)
+        assert out.rewards == [1.0, None, 1.0]
+        assert (out.num_crashed, out.num_timeouts, out.num_unscorable) == (1, 0, 1)
+    finally:
+        rm.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_raising_reward_function_is_an_error_naming_it(num_workers):
+    rm = RewardModel({"buggy": raise_on_marker}, timeout_s=10.0, num_workers=num_workers)
+    try:
+        with pytest.raises(RuntimeError, match=r"'buggy' raised on completion 1:(.|\n)*ZeroDivisionError"):
+            rm(["ok", "BUG"], answer=["1", "1"])
+    finally:
+        rm.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_time_limit_works_inside_a_daemonic_worker_process(num_workers):
+    """multiprocessing.Pool workers are daemonic (like DataLoader workers): they may not start
+    multiprocessing children, and signals are not an option; both of our mechanisms still work there."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        rewards, num_timeouts = pool.apply(score_in_child, (num_workers,))
+    assert rewards == [1.0, None, 1.0]
+    assert num_timeouts == 1
+
+
+def test_unpicklable_functions_are_refused_for_workers():
+    with pytest.raises(TypeError, match="picklable"):
+        RewardModel({"f": lambda completions, **kw: [1.0] * len(completions)}, num_workers=1)
