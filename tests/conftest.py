@@ -16,3 +16,56 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data folder not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+# ---------------------------------------------------------------------------------------- core fixtures
+TINY_ARCH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                 intermediate_size=64, max_position_embeddings=64)
+
+# Hydra overrides that make src/train.py run in seconds: a small random tiny model, short validation.
+FAST_OVERRIDES = [
+    "model.warmstart=null", "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+    "model.num_key_value_heads=1", "model.intermediate_size=64", "data.val_size=8", "data.test_size=16",
+    "val.num_generations=2", "algo.num_generations=4", "algo.per_device_train_batch_size=8",
+    "trainer.enable_progress_bar=false", "save_policy=true",
+]
+
+
+@pytest.fixture
+def tiny_spec():
+    """A small random character-level Qwen2 model spec (no warm start)."""
+    from grpolab.models import TinyCharModel
+
+    return TinyCharModel(warmstart=None, **TINY_ARCH)
+
+
+@pytest.fixture
+def arithmetic_task():
+    from grpolab.tasks.arithmetic import ArithmeticTask
+
+    return ArithmeticTask(val_size=16, test_size=16, seed=0)
+
+
+@pytest.fixture
+def exact_reward():
+    from grpolab.verifiers.exact import ExactMatchVerifier
+    from grpolab.verifiers.reward import RewardModel
+
+    return RewardModel({"exact": ExactMatchVerifier()})
+
+
+def compose_train_cfg(output_dir: Path, overrides: list[str]):
+    """Compose conf/train.yaml as src/train.py would, with the run folder set to ``output_dir``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir)
+        cfg.paths.cache_dir = str(output_dir / "cache")
+    return cfg

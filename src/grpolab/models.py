@@ -5,7 +5,7 @@ Three kinds of model config share one interface (``load_tokenizer``, ``load_poli
 * :class:`PretrainedModel`: a Hugging Face causal LM from a hub id or a local folder (``path``).
 * :class:`TinyQwenModel`: a Qwen2-architecture model with small dimensions and random weights that uses a
   real tokenizer from a local folder, so chat-template and BPE code paths run without a download.
-* :class:`TinyCharModel`: the embedded default, a ~1.6M-parameter Qwen2 model with a character-level
+* :class:`TinyCharModel`: the embedded default, a ~1M-parameter Qwen2 model with a character-level
   tokenizer, built locally and warm-started with a short supervised run on the task's reference answers
   (cached on disk, keyed by everything that determines it).
 
@@ -210,7 +210,7 @@ def build_char_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerF
 
 
 class TinyCharModel(PretrainedModel):
-    """The embedded default: a Qwen2 model of about 1.6M parameters with a character-level tokenizer.
+    """The embedded default: a Qwen2 model of about 1M parameters with a character-level tokenizer.
 
     On first use it is built from ``seed`` and warm-started by supervised training on the task's training
     answers until the expected sampled accuracy (exact, from teacher-forced probabilities at
@@ -226,11 +226,11 @@ class TinyCharModel(PretrainedModel):
 
     def __init__(
         self,
-        hidden_size: int = 192,
-        num_hidden_layers: int = 4,
-        num_attention_heads: int = 6,
+        hidden_size: int = 128,
+        num_hidden_layers: int = 5,
+        num_attention_heads: int = 4,
         num_key_value_heads: int = 2,
-        intermediate_size: int = 512,
+        intermediate_size: int = 384,
         max_position_embeddings: int = 64,
         seed: int = 0,
         cache_dir: str = ".cache/grpolab",

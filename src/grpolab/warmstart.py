@@ -12,6 +12,7 @@ from one teacher-forced forward pass, averaged over held-out prompts.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 
 from grpolab.algo.logprobs import token_log_probs
+
+log = logging.getLogger(__name__)
 
 
 def _encode(tokenizer: Any, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,6 +112,8 @@ def warm_start(
         step += 1
         if step % eval_every == 0:
             acc = expected_accuracy(model, tokenizer, heldout, temperature)
+            if step % (eval_every * 10) == 0:
+                log.info("warm start step %d: held-out accuracy %.3f (target %.2f)", step, acc, target_accuracy)
     model.eval()
     return {"steps": step, "heldout_accuracy": acc, "target_accuracy": target_accuracy,
             "seconds": round(time.perf_counter() - start, 2)}

@@ -1,0 +1,98 @@
+"""End-to-end: the real training entry point on a small tiny model, per algo config, plus resume and NaN."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from conftest import FAST_OVERRIDES, compose_train_cfg
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpolab.module import NonFiniteLossError
+from grpolab.run import run_training
+
+
+def _run(tmp_path, *overrides):
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *overrides])
+    summary = run_training(cfg)
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    return summary, metrics
+
+
+@pytest.mark.parametrize(
+    "algo,steps,refreshes",
+    [("grpo_onpolicy", 4, 4), ("grpo_offpolicy", 4, 1), ("grpo_reuse", 4, 1)],
+)
+def test_each_algo_runs_and_refreshes_the_sampler_on_schedule(tmp_path, algo, steps, refreshes):
+    # truncated_reward=-1 gives the random model reward variance (stopped vs never stopped), so it learns.
+    summary, metrics = _run(tmp_path, f"algo={algo}", f"trainer.max_steps={steps}", "trainer.val_check_interval=4",
+                            "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3")
+    assert summary["steps"] == steps and summary["sampler_refreshes"] == refreshes
+    assert json.loads((tmp_path / "summary.json").read_text())["algo"] == algo
+    train = metrics.dropna(subset=["train/loss"])
+    assert len(train) == steps
+    if algo == "grpo_onpolicy":
+        # k = 1, i = 1: the ratio against the sampler is exactly 1 (old log-probs = current, detached).
+        assert (train["train/ratio/mean"] == 1.0).all() and (train["train/lag"] == 0).all()
+    if algo == "grpo_offpolicy":
+        assert train["train/lag"].tolist() == [0, 1, 2, 3]
+        # lag 0: policy == sampler up to float noise; afterwards the policy has moved away from the sampler.
+        assert abs(train["train/ratio/mean"].iloc[0] - 1.0) < 1e-5
+        assert train["train/tv_token"].iloc[0] < 1e-5 and train["train/tv_token"].iloc[3] > 0
+    if algo == "grpo_reuse":
+        assert train["train/iteration"].tolist() == [0, 1, 2, 3] and (train["train/lag"] == 0).all()
+    for col in ("val/accuracy", "val/greedy_accuracy"):
+        assert metrics[col].notna().sum() >= 2  # before training and at the end
+    # The saved policy is a plain Hugging Face model that loads and generates.
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "policy")
+    out = model.generate(**tok("12+34=", return_tensors="pt"), max_new_tokens=3, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
+    assert out.shape == (1, 9) or out.shape[1] <= 9
+
+
+def test_resume_mid_buffer_is_exact(tmp_path):
+    # k = 3 with a checkpoint at step 4 (inside the second buffer): resuming from it must reproduce the
+    # uninterrupted run's final weights, so the buffer, its position and the prompt order are all restored.
+    common = ["algo=grpo_offpolicy", "algo.steps_per_generation=3", "trainer.val_check_interval=100",
+              "val.at_start=false", "callbacks.model_checkpoint.every_n_train_steps=4",
+              "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
+              "callbacks.model_checkpoint.filename='step{step}'"]
+    full = tmp_path / "full"
+    _run(full, *common, "trainer.max_steps=6")
+    ckpt = full / "checkpoints" / "step4.ckpt"
+    assert ckpt.exists()
+    resumed = tmp_path / "resumed"
+    summary, _ = _run(resumed, *common, "trainer.max_steps=6", f"ckpt_path={ckpt}")
+    assert summary["steps"] == 6 and summary["sampler_refreshes"] == 2
+    a = AutoModelForCausalLM.from_pretrained(full / "policy").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(resumed / "policy").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(NonFiniteLossError, match=r"step \d+: (loss|gradient norm) is (nan|inf)"):
+        _run(tmp_path, "algo.learning_rate=1e30", "algo.truncated_reward=-1.0", "algo.max_grad_norm=null", "trainer.max_steps=20",
+             "callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.model_checkpoint.monitor=null",
+             "trainer.val_check_interval=100", "val.at_start=false")
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in last["state_dict"].values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [("algo.num_generations=1", "algo.num_generations"), ("algo.steps_per_generation=0", "algo.steps_per_generation"),
+     ("algo.epsilon=-1", "algo.epsilon"), ("algo.loss_type=foo", "algo.loss_type")],
+)
+def test_invalid_values_name_the_key_before_any_model_is_built(tmp_path, override, key):
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, override])
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        run_training(cfg)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_misspelt_key_is_rejected(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="epsilonn"):
+        compose_train_cfg(tmp_path, ["algo.epsilonn=0.1"])
