@@ -109,6 +109,7 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "completions": dm.producer.counters.get("completions", 0),
         "unscorable": dm.producer.counters.get("unscorable", 0),
         "truncated": dm.producer.counters.get("truncated", 0),
+        "skipped_unscorable_rows": dict(dm.skipped_rows),
         "algo": algo.name,
         "steps_per_generation": algo.steps_per_generation,
         "num_iterations": algo.num_iterations,

@@ -74,6 +74,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.position = 0  # steps served from the current buffer
         self.rounds = 0  # sampler refreshes so far
         self.time_rollout_s = 0.0
+        self.skipped_rows = {"train": 0, "val": 0}
+        self._filtered = False
 
     def connect(self, module: Any) -> None:
         """Attach the module that owns the live policy (its ``policy``, ``reference``, ``tokenizer``)."""
@@ -85,6 +87,13 @@ class RolloutDataModule(L.LightningDataModule):
         if self.module is None:
             raise RuntimeError("RolloutDataModule.connect(module) must be called before fit/validate")
         splits = self.task.splits()
+        if not self._filtered and hasattr(self.reward_model, "filter_rows"):
+            # Rows whose gold no verifier can parse are skipped and counted, never scored (pitfalls.md #12).
+            for name in ("train", "val"):
+                kept, skipped = self.reward_model.filter_rows(splits[name], where=f"{self.task.name} {name}")
+                splits[name][:] = kept
+                self.skipped_rows[name] = skipped
+            self._filtered = True
         if self.sampler is None:
             self.sampler = PromptSampler(len(splits["train"]), self.seed)
         if not splits["val"]:
