@@ -179,7 +179,7 @@ class GRPOModule(L.LightningModule):
             "num_tokens": float(self.num_tokens),
             "grad_norm": grad_norm,
             "learning_rate": float(self.optimizers().param_groups[0]["lr"]),
-            "lag": float(mb.index),
+            "lag": float(mb.index * c.num_iterations + mb.iteration),  # optimizer steps since the refresh
             "iteration": float(mb.iteration),
             "sampler_refreshes": float(mb.round + 1),
         }
@@ -250,7 +250,7 @@ class GRPOModule(L.LightningModule):
         self._val_acc = acc
         if not self.trainer.sanity_checking:
             self.val_history.append({"step": int(self.global_step), **acc})
-        self.log_dict({f"val/{k}": v for k, v in acc.items()}, on_step=False, on_epoch=True)
+        self.log_dict({f"val/{k}": v for k, v in acc.items()}, on_step=False, on_epoch=True, sync_dist=True)
 
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

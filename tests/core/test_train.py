@@ -40,7 +40,9 @@ def test_each_algo_runs_and_refreshes_the_sampler_on_schedule(tmp_path, algo, st
         assert abs(train["train/ratio/mean"].iloc[0] - 1.0) < 1e-5
         assert train["train/tv_token"].iloc[0] < 1e-5 and train["train/tv_token"].iloc[3] > 0
     if algo == "grpo_reuse":
-        assert train["train/iteration"].tolist() == [0, 1, 2, 3] and (train["train/lag"] == 0).all()
+        # lag counts optimizer steps since the sampler refresh, so it follows the inner iteration
+        assert train["train/iteration"].tolist() == [0, 1, 2, 3] and train["train/lag"].tolist() == [0, 1, 2, 3]
+        assert abs(train["train/ratio/mean"].iloc[0] - 1.0) < 1e-5
     for col in ("val/accuracy", "val/greedy_accuracy"):
         assert metrics[col].notna().sum() >= 2  # before training and at the end
     # The saved policy is a plain Hugging Face model that loads and generates.

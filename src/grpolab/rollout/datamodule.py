@@ -132,14 +132,24 @@ class RolloutDataModule(L.LightningDataModule):
         start = time.perf_counter()
         train = self.task.splits()["train"]
         n = self.cfg.steps_per_generation * self.cfg.prompts_per_step
-        rows = [train[i] for i in self.sampler.take(n)]
+        # Under DDP every rank draws the same global order and keeps its own disjoint slice; a group
+        # (one prompt x num_generations completions) never spans ranks.
+        rank, world = self._rank_world()
+        indices = self.sampler.take(n * world)[rank * n:(rank + 1) * n]
+        rows = [train[i] for i in indices]
         # Each refresh has its own seed, so a resumed run samples exactly what the original run sampled.
-        torch.manual_seed(self.seed * 1_000_003 + self.rounds)
+        torch.manual_seed((self.seed * 1_000_003 + self.rounds) * world + rank)
         step = self.module.global_step if self.module._trainer is not None else 0
         self.buffer = self.producer.produce(self.module.policy, self.module.reference, rows, self.rounds, step)
         self.rounds += 1
         self.position = 0
         self.time_rollout_s += time.perf_counter() - start
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self.module, "_trainer", None)
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), int(trainer.world_size)
 
     # ----------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
