@@ -6,6 +6,7 @@ Field names follow TRL's ``GRPOConfig`` where TRL has one. Every check raises a 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -71,6 +72,8 @@ class GRPOConfig:
         need(self.scale_rewards in ("group", "batch", "none"), "scale_rewards", "must be group|batch|none")
         need(self.advantage_epsilon >= 0, "advantage_epsilon", "must be >= 0")
         need(self.beta >= 0, "beta", "must be >= 0")
+        if self.truncated_reward is not None:
+            need(math.isfinite(self.truncated_reward), "truncated_reward", "must be a finite number or null")
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
         if self.max_grad_norm is not None:
             need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0 or null")

@@ -20,13 +20,10 @@ from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrog
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_denominator, loss_stats_to_metrics, merge_loss_stats
 from grpolab.config import GRPOConfig
+from grpolab.errors import NonFiniteLossError
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
-
-
-class NonFiniteLossError(RuntimeError):
-    """Raised when a loss or gradient norm is NaN/inf; the weights are left as they were before the step."""
 
 
 class GRPOModule(L.LightningModule):
@@ -138,6 +135,7 @@ class GRPOModule(L.LightningModule):
         grad_norm = self._clip_and_check(step)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        self._check_weights(step)
         sched = self.lr_schedulers()
         if sched is not None:
             sched.step()
@@ -154,6 +152,13 @@ class GRPOModule(L.LightningModule):
         if not math.isfinite(norm):
             raise NonFiniteLossError(f"step {step}: gradient norm is {norm}; the optimizer step was not taken")
         return norm
+
+    def _check_weights(self, step: int) -> None:
+        """Stop before a non-finite policy is checkpointed or sampled from (one reduction per tensor)."""
+        bad = [n for n, p in self.policy.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+        if bad:
+            raise NonFiniteLossError(f"step {step}: policy weights are non-finite after the optimizer step "
+                                     f"({len(bad)} tensors, e.g. {bad[0]}); lower algo.learning_rate")
 
     def _log_step(self, mb: Minibatch, loss: float, stats: list[dict], logp: torch.Tensor, entropy: torch.Tensor,
                   grad_norm: float, t0: float) -> None:

@@ -9,7 +9,7 @@ from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpolab.module import NonFiniteLossError
-from grpolab.run import run_training
+from grpolab.run import build, run_training
 
 
 def _run(tmp_path, *overrides):
@@ -72,8 +72,34 @@ def test_resume_mid_buffer_is_exact(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    with pytest.raises(NonFiniteLossError, match=r"step \d+: (loss|gradient norm) is (nan|inf)"):
+def test_nan_loss_stops_with_the_step_and_quantity(tmp_path):
+    # Fault injection: the real policy's training-mode forward returns NaN logits from step 2 on (sampling
+    # runs in eval mode and stays finite). Training must stop at step 2 naming the loss, before the step.
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "trainer.max_steps=5", "val.at_start=false",
+                                       "callbacks.model_checkpoint.every_n_train_steps=1",
+                                       "callbacks.model_checkpoint.monitor=null"])
+    parts = build(cfg)
+    module = parts["module"]
+    module.configure_model()
+    calls = {"n": 0}
+
+    def poison(mod, args, kwargs, out):
+        if mod.training:
+            calls["n"] += 1
+            if calls["n"] > 2:
+                out.logits.mul_(float("nan"))
+        return out
+
+    module.policy.register_forward_hook(poison, with_kwargs=True)
+    with pytest.raises(NonFiniteLossError, match=r"step 2: loss is nan"):
+        parts["trainer"].fit(module, datamodule=parts["datamodule"])
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 2
+
+
+def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    pattern = r"step \d+: (loss is (nan|inf)|gradient norm is (nan|inf)|policy weights are non-finite|sampling failed)"
+    with pytest.raises(NonFiniteLossError, match=pattern):
         _run(tmp_path, "algo.learning_rate=1e30", "algo.truncated_reward=-1.0", "algo.max_grad_norm=null", "trainer.max_steps=20",
              "callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.model_checkpoint.monitor=null",
              "trainer.val_check_interval=100", "val.at_start=false")

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from grpolab.config import GRPOConfig
+from grpolab.errors import NonFiniteLossError
 from grpolab.rollout.buffer import Minibatch, PromptSampler
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
@@ -140,7 +141,13 @@ class RolloutDataModule(L.LightningDataModule):
         # Each refresh has its own seed, so a resumed run samples exactly what the original run sampled.
         torch.manual_seed((self.seed * 1_000_003 + self.rounds) * world + rank)
         step = self.module.global_step if self.module._trainer is not None else 0
-        self.buffer = self.producer.produce(self.module.policy, self.module.reference, rows, self.rounds, step)
+        try:
+            self.buffer = self.producer.produce(self.module.policy, self.module.reference, rows, self.rounds, step)
+        except RuntimeError as err:
+            if "inf" in str(err) or "nan" in str(err):
+                raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
+                                         f"({err}); lower algo.learning_rate") from err
+            raise
         self.rounds += 1
         self.position = 0
         self.time_rollout_s += time.perf_counter() - start

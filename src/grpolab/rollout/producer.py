@@ -77,6 +77,10 @@ class RolloutProducer:
         columns["truncated"] = gen.truncated.tolist()
         scored = self.reward_model(texts, **columns)
         rewards = [math.nan if v is None else float(v) for v in scored.rewards]
+        for i, (v, raw) in enumerate(zip(rewards, scored.rewards)):
+            if raw is not None and not math.isfinite(v):  # None is the only way to say "unscorable"
+                raise ValueError(f"reward of completion {i} (prompt {rep_rows[i]['uid']!r}) is {raw}: verifiers "
+                                 f"must return a finite float or None")
         if self.cfg.truncated_reward is not None:  # explicit policy for completions that never stopped (#14)
             rewards = [self.cfg.truncated_reward if t else r for r, t in zip(rewards, gen.truncated.tolist())]
         self.counters["completions"] += len(texts)
