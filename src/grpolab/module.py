@@ -8,6 +8,7 @@ denominator (so the result does not depend on the split), non-finite losses and 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import time
 from typing import Any, Callable
@@ -24,6 +25,13 @@ from grpolab.errors import NonFiniteLossError
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
+
+
+log = logging.getLogger(__name__)
+
+# Consecutive steps in which every group has zero reward variance before the run warns that it is not
+# learning (a collapsed policy never recovers on its own: pitfalls.md #15).
+ZERO_VARIANCE_PATIENCE = 20
 
 
 class GRPOModule(L.LightningModule):
@@ -63,6 +71,7 @@ class GRPOModule(L.LightningModule):
         self.num_tokens = 0
         self._val_acc: dict[str, float] = {}
         self._fit_start: float | None = None
+        self._zero_variance_streak = 0
 
     @property
     def tokenizer(self) -> Any:
@@ -188,6 +197,12 @@ class GRPOModule(L.LightningModule):
             "iteration": float(mb.iteration),
             "sampler_refreshes": float(mb.round + 1),
         }
+        self._zero_variance_streak = self._zero_variance_streak + 1 if bool(mb.zero_std.all()) else 0
+        if self._zero_variance_streak == ZERO_VARIANCE_PATIENCE:
+            log.warning("step %d: every group has had zero reward variance for %d steps, so there is no learning "
+                        "signal (all wrong: %.2f, all correct: %.2f of the last batch's groups). If this follows a "
+                        "high algo.learning_rate the policy has collapsed and will not recover.", self.global_step,
+                        ZERO_VARIANCE_PATIENCE, m["frac_zero_std/all_wrong"], m["frac_zero_std/all_correct"])
         for name, values in mb.info.get("per_func", {}).items():
             vals = [v for v in values if v is not None]
             m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else 0.0
