@@ -141,6 +141,7 @@ class RolloutDataModule(L.LightningDataModule):
         # Each refresh has its own seed, so a resumed run samples exactly what the original run sampled.
         torch.manual_seed((self.seed * 1_000_003 + self.rounds) * world + rank)
         step = self.module.global_step if self.module._trainer is not None else 0
+        self.engine.sync_weights(self.module.policy)
         try:
             self.buffer = self.producer.produce(self.module.policy, self.module.reference, rows, self.rounds, step)
         except RuntimeError as err:

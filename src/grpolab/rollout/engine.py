@@ -48,6 +48,15 @@ class Generation:
 
 
 class GenerationEngine(Protocol):
+    """What the data module and the evaluator need from a sampler.
+
+    ``sync_weights`` is called once per sampler refresh (every ``steps_per_generation`` optimizer steps):
+    an engine holding its own copy of the weights (vLLM) loads the policy's weights there, which is where the
+    off-policy schedule saves its time. ``generate`` then samples from those weights.
+    """
+
+    def sync_weights(self, model: Any) -> None: ...
+
     def generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation: ...
 
 
@@ -83,6 +92,9 @@ class HFGenerationEngine:
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.generation_batch_size = generation_batch_size
+
+    def sync_weights(self, model: Any) -> None:
+        """Nothing to do: ``generate`` samples from the live policy, which does not change between refreshes."""
 
     def _config(self, params: SamplingParams) -> GenerationConfig:
         kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_token_ids,
