@@ -26,7 +26,13 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +154,17 @@ def _prepare_tokenizer(tok: Any) -> Any:
     return tok
 
 
+def random_qwen2(tokenizer: Any, arch: dict[str, int], seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    """A randomly initialised Qwen2 causal LM (tied embeddings) sized for ``tokenizer``, seeded by ``seed``."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, **arch)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config = GenerationConfig(eos_token_id=stop_token_ids(tokenizer),
+                                               pad_token_id=tokenizer.pad_token_id)
+    return model
+
+
 class TinyQwenModel(PretrainedModel):
     """Qwen2 architecture, small dimensions, random weights, a real tokenizer from ``tokenizer_path``.
 
@@ -183,13 +200,7 @@ class TinyQwenModel(PretrainedModel):
     def load_policy(self, task: Any | None = None) -> torch.nn.Module:
         if self.path:
             return super().load_policy(task)
-        tok = self.load_tokenizer()
-        torch.manual_seed(self.seed)
-        config = Qwen2Config(vocab_size=len(tok), tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id, **self.arch)
-        model = AutoModelForCausalLM.from_config(config, dtype=_dtype(self.dtype))
-        model.generation_config = GenerationConfig(eos_token_id=stop_token_ids(tok), pad_token_id=tok.pad_token_id)
-        return self._finish(model)
+        return self._finish(random_qwen2(self.load_tokenizer(), self.arch, self.seed, _dtype(self.dtype)))
 
 
 CHAR_VOCAB = list("0123456789+-*=()., ")
@@ -257,12 +268,7 @@ class TinyCharModel(PretrainedModel):
         return [int(tokenizer.eos_token_id)]
 
     def _fresh(self, tok: Any) -> torch.nn.Module:
-        torch.manual_seed(self.seed)
-        config = Qwen2Config(vocab_size=len(tok), tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id, **self.arch)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.generation_config = GenerationConfig(eos_token_id=stop_token_ids(tok), pad_token_id=tok.pad_token_id)
-        return model
+        return random_qwen2(tok, self.arch, self.seed, torch.float32)
 
     def cache_key(self, task: Any | None) -> str:
         """Hash of everything that determines the warm-started weights."""

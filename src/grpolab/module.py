@@ -11,7 +11,8 @@ import inspect
 import logging
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -25,7 +26,6 @@ from grpolab.errors import NonFiniteLossError
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
-
 
 log = logging.getLogger(__name__)
 

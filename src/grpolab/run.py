@@ -7,8 +7,9 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig

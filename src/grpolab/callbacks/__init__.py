@@ -1,0 +1,1 @@
+"""Lightning callbacks and logger factories used by ``conf/callbacks`` and ``conf/logger``."""
