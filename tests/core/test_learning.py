@@ -14,8 +14,7 @@ from grpolab.run import run_training
 @pytest.mark.slow
 def test_onpolicy_grpo_raises_heldout_accuracy_on_the_embedded_task(tmp_path):
     cfg = compose_train_cfg(tmp_path, ["trainer.max_steps=150", "trainer.val_check_interval=150",
-                                       "trainer.enable_progress_bar=false", "save_policy=false",
-                                       "callbacks.model_checkpoint.every_n_train_steps=1000"])
+                                       "trainer.enable_progress_bar=false", "save_policy=false"])
     with open_dict(cfg):
         cfg.data.val_size = 128  # a tighter estimate of held-out accuracy (512 samples)
     summary = run_training(cfg)
