@@ -94,3 +94,15 @@ def test_entropy_with_masked_logits_is_finite():
     h = entropy_from_logits(torch.tensor([[0.0, 0.0, -math.inf], [0.0, -math.inf, -math.inf]]))
     torch.testing.assert_close(h, torch.tensor([math.log(2), 0.0]))
     assert entropy_from_logits(torch.zeros(4, 6, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_bf16_logits_are_upcast_before_the_temperature():
+    # Dividing bf16 logits by the temperature in bf16 would round them; the result must match the float32
+    # computation on the same (bf16-representable) logits.
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 3, 50) * 8).bfloat16()
+    ids = torch.randint(0, 50, (2, 3))
+    got = token_log_probs(logits, ids, temperature=0.7)
+    want = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, ids[..., None])[..., 0]
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, atol=1e-6)

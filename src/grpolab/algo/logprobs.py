@@ -81,6 +81,11 @@ def token_log_probs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0)
         tensor([[-0.1429]])
     """
     _check_temperature(temperature)
+    if logits.dtype not in (torch.float32, torch.float64) and logits.dim() > 1:
+        # bf16/fp16: upcast one row at a time *before* dividing by the temperature, so neither the division
+        # nor the log-softmax loses precision and no full-size float32 copy of the logits is made.
+        rows = [selective_log_softmax(row.float() / temperature, ids) for row, ids in zip(logits, token_ids, strict=True)]
+        return torch.stack(rows)
     if temperature != 1.0:
         logits = logits / temperature
     return selective_log_softmax(logits, token_ids)

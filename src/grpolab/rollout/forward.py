@@ -42,12 +42,12 @@ def completion_log_probs(
     length = completion_ids.shape[1]
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 logits_to_keep=length + 1, use_cache=False)
-    logits = out.logits[:, :-1].float()  # logits at position t predict token t + 1
+    logits = out.logits[:, :-1]  # logits at position t predict token t + 1 (kept in the model's dtype)
     logp = token_log_probs(logits, completion_ids, temperature)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            entropy = entropy_from_logits(logits / temperature)
+            entropy = entropy_from_logits(logits.detach() / temperature)
     return logp, entropy
 
 
