@@ -1,0 +1,31 @@
+"""Evaluate a policy on a task's test split: mean@n, pass@k, maj@k, greedy accuracy, lengths.
+
+    python src/eval.py model.path=outputs/train/<run>/policy             # a run's exported policy
+    python src/eval.py ckpt_path=outputs/train/<run>/checkpoints/last.ckpt
+    python src/eval.py model.path=outputs/train/<run>/policy eval.num_samples=32 eval.ks=[1,8,32]
+    python src/eval.py model=qwen0.5b data=gsm8k verifier=gsm8k algo.max_completion_length=256   # hub id
+
+The task, verifier and sampling settings come from the training config groups (conf/eval.yaml). Outputs
+land in the Hydra run folder (outputs/eval/<timestamp>/): eval.json and completions.jsonl.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/eval.py` without install
+
+from grpolab.evaluation.evaluate import evaluate  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
+def main(cfg: DictConfig) -> float | None:
+    return evaluate(cfg).get("accuracy")
+
+
+if __name__ == "__main__":
+    main()
