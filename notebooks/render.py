@@ -1,0 +1,61 @@
+"""Execute notebooks/onpolicy_vs_offpolicy.ipynb on a sweep folder and keep the executed copy with its figures.
+
+    python notebooks/render.py multirun/onoff_small/<time>          # figures in <sweep>/figures/
+    python notebooks/render.py multirun/onoff_small/<time> --figures /tmp/figs
+
+Uses nbclient (no Jupyter server). The executed notebook is written to ``<figures>/onpolicy_vs_offpolicy.ipynb``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+NOTEBOOK = Path(__file__).resolve().parent / "onpolicy_vs_offpolicy.ipynb"
+
+
+def render(sweep_dir: Path, figures: Path | None = None, timeout: int = 600) -> Path:
+    """Run the notebook against ``sweep_dir``; return the figures folder.
+
+    Raises:
+        FileNotFoundError: if ``sweep_dir`` holds no ``summary.json``.
+        nbclient.exceptions.CellExecutionError: if a cell fails (the message shows the cell and the error).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    sweep_dir = sweep_dir.resolve()
+    if not any(sweep_dir.rglob("summary.json")):
+        raise FileNotFoundError(f"no summary.json under {sweep_dir}: is it a sweep folder (multirun/<name>/<time>)?")
+    figures = (figures or sweep_dir / "figures").resolve()
+    saved = {k: os.environ.get(k) for k in ("GRPOLAB_SWEEP_DIR", "GRPOLAB_FIG_DIR", "MPLBACKEND")}
+    os.environ.update(GRPOLAB_SWEEP_DIR=str(sweep_dir), GRPOLAB_FIG_DIR=str(figures), MPLBACKEND="Agg")
+    try:
+        nb = nbformat.read(NOTEBOOK, as_version=4)
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    figures.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, figures / NOTEBOOK.name)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path, help="a sweep folder, e.g. multirun/onoff_small/<time>")
+    parser.add_argument("--figures", type=Path, default=None, help="where to write the PNGs (default <sweep>/figures)")
+    args = parser.parse_args(argv)
+    figures = render(args.sweep_dir, args.figures)
+    print("\n".join(str(p) for p in sorted(figures.glob("*.png"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
