@@ -85,3 +85,18 @@ def test_a_new_wandb_logger_finishes_the_previous_jobs_run(tmp_path, monkeypatch
         assert second.experiment.id != run1.id
     finally:
         wandb.finish()
+
+
+def test_torch_threads_callback_sets_and_validates():
+    from grpolab.callbacks.threads import TorchThreads
+
+    before = torch.get_num_threads()
+    try:
+        TorchThreads(1).setup(None, None, "fit")
+        assert torch.get_num_threads() == 1
+        TorchThreads(None).setup(None, None, "fit")  # None keeps the current setting
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="num_threads"):
+        TorchThreads(0)
