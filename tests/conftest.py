@@ -54,8 +54,9 @@ def exact_reward():
     return RewardModel({"exact": ExactMatchVerifier()})
 
 
-def compose_train_cfg(output_dir: Path, overrides: list[str]):
-    """Compose conf/train.yaml as src/train.py would, with the run folder set to ``output_dir``."""
+def compose_train_cfg(output_dir: Path, overrides: list[str], config_name: str = "train"):
+    """Compose conf/<config_name>.yaml as src/train.py (or src/eval.py) would, with the run folder set to
+    ``output_dir``."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -63,7 +64,7 @@ def compose_train_cfg(output_dir: Path, overrides: list[str]):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         cfg.paths.output_dir = str(output_dir)

@@ -24,19 +24,7 @@ def trained_run(tmp_path_factory):
 
 
 def compose_eval_cfg(output_dir, overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="eval", overrides=overrides, return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(output_dir)
-        cfg.paths.cache_dir = str(output_dir / "cache")
-    return cfg
+    return compose_train_cfg(output_dir, overrides, config_name="eval")
 
 
 def _eval(out, overrides):
