@@ -1,5 +1,6 @@
 """The generation engine: masks, stop ids, explicit sampling parameters, log-probs that match generate."""
 
+import pytest
 import torch
 
 from grpolab.rollout.engine import HFGenerationEngine, SamplingParams, _merge, left_pad
@@ -58,3 +59,41 @@ def test_training_log_probs_match_the_sampling_distribution(tiny_spec):
     with torch.no_grad():
         wrong, _ = completion_log_probs(model, ids, mask, completion, cmask, temperature=1.0)
     assert (wrong[first_stop] - ref[first_stop]).abs().max() > 1e-3
+
+
+def _folder_with_generation_config(tmp_path, tiny_spec):
+    """A saved model folder whose generation_config.json carries settings that would change sampling."""
+    from grpolab.models import PretrainedModel
+
+    tok = tiny_spec.load_tokenizer()
+    model = tiny_spec.load_policy()
+    gc = model.generation_config
+    gc.repetition_penalty, gc.no_repeat_ngram_size = 1.5, 2
+    gc.temperature, gc.top_k, gc.top_p, gc.do_sample = 0.3, 3, 0.5, True
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    return PretrainedModel(path=str(tmp_path), dtype="float32")
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_sampling_uses_our_config_alone_not_the_model_folders(tmp_path, tiny_spec, greedy):
+    # issue 9 item 1: generate() fills every unset setting from the folder's generation_config.json
+    # (repetition_penalty, no_repeat_ngram_size, ...). The scores generate samples from must be exactly the
+    # tempered distribution whose log-probs the trainer computes (training, validation and eval share this).
+    spec = _folder_with_generation_config(tmp_path, tiny_spec)
+    tok = spec.load_tokenizer()
+    model = spec.load_policy()
+    assert model.generation_config.repetition_penalty == 1.5  # the folder's settings did load
+    engine = HFGenerationEngine(spec.stop_token_ids(tok), tok.pad_token_id)
+    prompts = [tok(p)["input_ids"] for p in ["1+1=", "11+11=", "5+67=", "99+99="]] * 4
+    temperature = 1.0 if greedy else 0.7
+    torch.manual_seed(0)
+    gen = engine.generate(model, prompts, SamplingParams(temperature=temperature, max_new_tokens=8,
+                                                         do_sample=not greedy, return_log_probs=True))
+    with torch.no_grad():
+        logp, _ = completion_log_probs(model.eval(), gen.prompt_ids, gen.prompt_mask, gen.completion_ids,
+                                       gen.completion_mask, temperature)
+    m = gen.completion_mask
+    assert m.sum() > 20
+    assert torch.allclose(gen.log_probs[m], logp[m], atol=1e-5), (gen.log_probs[m] - logp[m]).abs().max()
+    assert model.generation_config.repetition_penalty == 1.5  # the model's own config is restored

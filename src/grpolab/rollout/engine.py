@@ -8,6 +8,8 @@ weights to it once every ``steps_per_generation`` steps.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,13 +21,18 @@ from grpolab.algo.masks import completion_mask
 
 @dataclass
 class SamplingParams:
-    """How to sample. ``top_k=0`` and ``top_p=1.0`` disable truncation (pitfalls.md #13)."""
+    """How to sample. ``top_k=0`` and ``top_p=1.0`` disable truncation (pitfalls.md #13).
+
+    ``return_log_probs`` also returns the log-probs of the sampled tokens under the distribution ``generate``
+    actually sampled from (its processed scores), for checking that it is the one the trainer scores.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 16
     do_sample: bool = True
+    return_log_probs: bool = False
 
 
 @dataclass
@@ -38,6 +45,8 @@ class Generation:
         completion_ids: [B, L] long, as sampled; positions after the first stop token hold padding.
         completion_mask: [B, L] bool, 1 up to and including the first stop token (pitfalls.md #5-#7).
         truncated: [B] bool, True when no stop token was sampled within ``max_new_tokens``.
+        log_probs: [B, L] float32 log-probs of the sampled tokens from ``generate``'s processed scores (0
+            after the first stop token), or None unless ``SamplingParams.return_log_probs``.
     """
 
     prompt_ids: torch.Tensor
@@ -45,6 +54,7 @@ class Generation:
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
     truncated: torch.Tensor
+    log_probs: torch.Tensor | None = None
 
 
 class GenerationEngine(Protocol):
@@ -75,8 +85,11 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 class HFGenerationEngine:
     """Sampling with ``model.generate``: KV cache, left padding, explicit sampling parameters.
 
-    Every sampling parameter is passed explicitly in a fresh ``GenerationConfig`` so neither the
-    ``generate`` defaults (top_k=50) nor the model's own ``generation_config`` change the distribution.
+    Every sampling parameter is passed explicitly in a fresh ``GenerationConfig``, and during the call the
+    model's own ``generation_config`` is replaced by a blank one (:func:`model_generation_defaults_cleared`):
+    ``generate`` fills every setting left unset from the model's ``generation_config.json`` (Qwen2.5-Instruct
+    ships ``repetition_penalty=1.1``), which would sample from a distribution other than the one whose
+    log-probs the trainer stores. Only transformers' neutral global defaults remain (pitfalls.md #13).
 
     Args:
         stop_token_ids: every id that ends a completion.
@@ -101,6 +114,8 @@ class HFGenerationEngine:
                       pad_token_id=self.pad_token_id, use_cache=True, do_sample=params.do_sample)
         if params.do_sample:
             kwargs.update(temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p)
+        if params.return_log_probs:
+            kwargs.update(output_scores=True, return_dict_in_generate=True)
         return GenerationConfig(**kwargs)
 
     @torch.no_grad()
@@ -117,24 +132,56 @@ class HFGenerationEngine:
         step = self.generation_batch_size or len(prompts)
         parts = []
         try:
-            for start in range(0, len(prompts), step):
-                ids, mask = left_pad(prompts[start:start + step], self.pad_token_id)
-                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     generation_config=config)
-                parts.append((ids, mask, out[:, ids.shape[1]:].cpu()))
+            with model_generation_defaults_cleared(model, self.stop_token_ids, self.pad_token_id):
+                for start in range(0, len(prompts), step):
+                    ids, mask = left_pad(prompts[start:start + step], self.pad_token_id)
+                    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                         generation_config=config)
+                    seqs = out.sequences if params.return_log_probs else out
+                    comp = seqs[:, ids.shape[1]:].cpu()
+                    logp = _scores_log_probs(out.scores, comp) if params.return_log_probs else None
+                    parts.append((ids, mask, comp, logp))
         finally:
             model.train(was_training)
         return _merge(parts, self.pad_token_id, self.stop_token_ids)
 
 
-def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], pad_id: int,
+@contextmanager
+def model_generation_defaults_cleared(model: Any, stop_token_ids: list[int], pad_token_id: int) -> Iterator[None]:
+    """Within the block ``model.generation_config`` is blank (stop and pad ids only), then restored.
+
+    ``generate`` merges the model's ``generation_config`` into the one it is given: every field we leave
+    unset (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``, ...) is
+    taken from the model folder's ``generation_config.json``. With a blank one, only our config and
+    transformers' neutral global defaults decide what is sampled.
+    """
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id,
+                                               bos_token_id=getattr(saved, "bos_token_id", None))
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def _scores_log_probs(scores: tuple[torch.Tensor, ...], completion: torch.Tensor) -> torch.Tensor:
+    """[B, L] log-probs of ``completion``'s tokens under ``generate``'s processed scores (one [B, V] a step)."""
+    if not scores:
+        return torch.zeros(completion.shape, dtype=torch.float32)
+    logits = torch.stack(scores, 1).float().cpu()
+    logp = logits.log_softmax(-1).gather(-1, completion[:, :logits.shape[1], None])[..., 0]
+    return torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))  # -inf after a row has stopped
+
+
+def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]], pad_id: int,
            stop_ids: list[int]) -> Generation:
     """Concatenate generate() chunks. Masks and truncation flags are computed per chunk, before any width
     padding, because the pad id may itself be a stop id (Qwen pads with <|endoftext|>; pitfalls.md #5)."""
+    parts = [p if len(p) == 4 else (*p, None) for p in parts]
     p_width = max(p[0].shape[1] for p in parts)
     c_width = max(max(p[2].shape[1] for p in parts), 1)
-    fields: dict[str, list[torch.Tensor]] = {"pi": [], "pm": [], "ci": [], "cm": [], "tr": []}
-    for ids, mask, comp in parts:
+    fields: dict[str, list[torch.Tensor]] = {"pi": [], "pm": [], "ci": [], "cm": [], "tr": [], "lp": []}
+    for ids, mask, comp, logp in parts:
         cm = completion_mask(comp, stop_ids)
         lp, lc = p_width - ids.shape[1], c_width - comp.shape[1]
         fields["pi"].append(torch.nn.functional.pad(ids, (lp, 0), value=pad_id))
@@ -142,4 +189,8 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], pad_id:
         fields["ci"].append(torch.nn.functional.pad(comp, (0, lc), value=pad_id))
         fields["cm"].append(torch.nn.functional.pad(cm.mask.bool(), (0, lc), value=False))
         fields["tr"].append(cm.truncated.bool())
-    return Generation(*(torch.cat(fields[k]) for k in ("pi", "pm", "ci", "cm", "tr")))
+        if logp is not None:
+            logp = torch.where(cm.mask.bool(), logp, torch.zeros_like(logp))
+            fields["lp"].append(torch.nn.functional.pad(logp, (0, lc), value=0.0))
+    log_probs = torch.cat(fields["lp"]) if len(fields["lp"]) == len(parts) else None
+    return Generation(*(torch.cat(fields[k]) for k in ("pi", "pm", "ci", "cm", "tr")), log_probs=log_probs)
