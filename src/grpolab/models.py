@@ -74,6 +74,36 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+                   torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)
+
+
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Switch every dropout of ``model`` off, in place (TRL's ``disable_dropout_in_model``, extended).
+
+    The sampler's and the reference's log-probs are computed in eval mode and the training forward in train
+    mode; with dropout on, the two differ and the lag-0 ratio is not 1 (issue 9 item 2). This sets ``p = 0`` on
+    every ``nn.Dropout``-like module, 0.0 on every float attribute of a module whose name contains
+    ``dropout`` (attention implementations read e.g. ``self.attention_dropout`` as a float), and 0.0 on the
+    float fields of ``model.config`` named ``*dropout*`` or ``*pdrop`` (GPT-2), so a save/reload keeps it off.
+
+    Returns:
+        ``model`` (for chaining).
+    """
+    for module in model.modules():
+        if isinstance(module, DROPOUT_MODULES):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name.lower() and isinstance(value, float):
+                setattr(module, name, 0.0)
+    config = getattr(model, "config", None)
+    if config is not None:
+        for name, value in config.to_dict().items():
+            if ("dropout" in name.lower() or name.lower().endswith("pdrop")) and isinstance(value, float):
+                setattr(config, name, 0.0)
+    return model
+
+
 def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
     """A frozen copy of ``policy``'s current weights, on the same device and dtype."""
     return freeze(copy.deepcopy(policy))
@@ -141,6 +171,7 @@ class PretrainedModel:
         return self._finish(model)
 
     def _finish(self, model: torch.nn.Module) -> torch.nn.Module:
+        disable_dropout(model)  # train-mode and eval-mode log-probs must agree (the lag-0 ratio is 1)
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -281,6 +312,9 @@ class TinyCharModel(PretrainedModel):
     def load_policy(self, task: Any | None = None) -> torch.nn.Module:
         if self.path:
             return super().load_policy(task)
+        return disable_dropout(self._build(task))
+
+    def _build(self, task: Any | None) -> torch.nn.Module:
         tok = self.load_tokenizer()
         if not self.warmstart:
             return self._fresh(tok)
