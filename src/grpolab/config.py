@@ -6,11 +6,14 @@ Field names follow TRL's ``GRPOConfig`` where TRL has one. Every check raises a 
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from grpolab.algo.losses import LossConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,8 +46,11 @@ class GRPOConfig:
     epsilon_high: float | None = None
     clip_mode: str = "ppo"
     importance_sampling_level: str = "token"
+    ratio_reference: str = "sampler"
     loss_type: str = "bnpo"
     ref_refresh_every: int | None = None
+    lower_bound_every: int | None = 10
+    zero_std_threshold: float = 0.0
     learning_rate: float = 1e-4
     max_grad_norm: float | None = 1.0
 
@@ -79,7 +85,18 @@ class GRPOConfig:
             need(self.max_grad_norm > 0, "max_grad_norm", "must be > 0 or null")
         if self.ref_refresh_every is not None:
             need(self.ref_refresh_every >= 1, "ref_refresh_every", "must be >= 1 or null")
+        if self.lower_bound_every is not None:
+            need(isinstance(self.lower_bound_every, int) and not isinstance(self.lower_bound_every, bool)
+                 and self.lower_bound_every >= 0, "lower_bound_every", "must be an int >= 0 or null (0/null = never)")
+        need(isinstance(self.zero_std_threshold, int | float) and not isinstance(self.zero_std_threshold, bool)
+             and math.isfinite(self.zero_std_threshold) and self.zero_std_threshold >= 0,
+             "zero_std_threshold", "must be a finite number >= 0 (0 = all rewards exactly equal)")
         self.loss_config()  # validates epsilon, epsilon_high, clip_mode, kl_estimator, loss_type, ...
+        if self.kl_estimator == "k1" and self.beta > 0:
+            log.warning("algo.kl_estimator=k1 with algo.beta=%s: as a loss term k1 = logp - ref_logp has zero "
+                        "expected gradient (its gradient is the score function), so the KL penalty does not pull "
+                        "the policy towards the reference; use k3 (gradient of KL(ref||pi), TRL's default) or k2 "
+                        "(gradient of KL(pi||ref))", self.beta)
 
     @property
     def prompts_per_step(self) -> int:
@@ -94,7 +111,8 @@ class GRPOConfig:
     def loss_config(self) -> LossConfig:
         """The :class:`~grpolab.algo.losses.LossConfig` for these settings."""
         return LossConfig(epsilon=self.epsilon, epsilon_high=self.epsilon_high, clip_mode=self.clip_mode,
-                          importance_sampling_level=self.importance_sampling_level, beta=self.beta,
+                          importance_sampling_level=self.importance_sampling_level,
+                          ratio_reference=self.ratio_reference, beta=self.beta,
                           kl_estimator=self.kl_estimator, loss_type=self.loss_type,
                           max_completion_length=self.max_completion_length)
 

@@ -77,3 +77,35 @@ def test_masked_mean_empty_is_zero_with_zero_grad():
     assert out.item() == 0.0
     out.backward()
     assert torch.equal(x.grad, torch.zeros(2))
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_expected_gradient_of_each_estimator_as_a_loss_term(estimator):
+    # Exact expectation over a 4-action categorical pi(theta): E_{y~pi}[grad_theta k(logp_y, ref_y)], with the
+    # sample y fixed (as in the loss). k1 -> 0; k2 -> grad KL(pi||ref); k3 -> grad KL(ref||pi) (TRL).
+    theta = torch.tensor([0.3, -0.2, 1.0, 0.1], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([0.5, 0.2, 0.2, 0.1], dtype=torch.float64).log()
+    logp = theta.log_softmax(0)
+    probs = logp.exp().detach()
+    per_action = kl_penalty(logp, ref, estimator)
+    (expected,) = torch.autograd.grad((probs * per_action).sum(), theta, retain_graph=True)  # samples fixed
+    kl_pi_ref = (logp.exp() * (logp - ref)).sum()
+    kl_ref_pi = (ref.exp() * (ref - logp)).sum()
+    target = {"k1": torch.zeros(4, dtype=torch.float64),
+              "k2": torch.autograd.grad(kl_pi_ref, theta, retain_graph=True)[0],
+              "k3": torch.autograd.grad(kl_ref_pi, theta)[0]}[estimator]
+    torch.testing.assert_close(expected, target)
+    assert estimator == "k1" or target.abs().max() > 1e-3
+
+
+def test_k1_with_beta_warns_at_config_validation(caplog):
+    from grpolab.config import GRPOConfig
+
+    with caplog.at_level("WARNING", logger="grpolab.config"):
+        GRPOConfig(kl_estimator="k1", beta=0.0)
+        GRPOConfig(kl_estimator="k3", beta=0.04)
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="grpolab.config"):
+        GRPOConfig(kl_estimator="k1", beta=0.04)
+    assert any("algo.kl_estimator=k1" in r.getMessage() and "zero expected gradient" in r.getMessage()
+               for r in caplog.records)

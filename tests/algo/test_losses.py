@@ -110,7 +110,7 @@ def test_pitfall4_truncated_tokens_leave_numerator_and_denominator():
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_sum"])
 def test_pitfall4_everything_masked_gives_zero_loss_and_finite_zero_grads(loss_type, level):
     nan, inf = math.nan, math.inf
     mask = torch.zeros(2, 3, dtype=torch.bool)
@@ -135,7 +135,7 @@ def test_pitfall4_everything_masked_gives_zero_loss_and_finite_zero_grads(loss_t
     assert loss_stats_to_metrics(stats)["ratio/mean"] == 1.0
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_sum"])
 def test_garbage_at_masked_positions_never_reaches_loss_or_grad(level):
     # Same real tokens; padding holds clean values in one copy and NaN / -inf in the other (logp included).
     nan, inf = math.nan, math.inf
@@ -373,7 +373,7 @@ def test_beta_adds_k3_per_token():
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_sum"])
 def test_micro_batch_split_does_not_change_loss_or_grad(loss_type, level):
     g = torch.Generator().manual_seed(7)
     B, T = 6, 7
@@ -517,3 +517,56 @@ def test_loss_config_defaults_and_other_validation():
         grpo_loss(x, x, x, torch.zeros(2), torch.full((2, 3), 0.5), cfg, 1.0)
     with pytest.raises(ValueError, match="merge_loss_stats"):
         merge_loss_stats([])
+
+
+# ---------------------------------------------------------------- (f) issue 9: ratio reference, sequence_sum
+
+
+def test_ratio_reference_anchor_takes_the_ratio_against_pi_k():
+    # Row 0: A=+1, pi=0.55, pi_k=0.5, alpha=0.25. Row 1: A=-1, pi=0.3, pi_k=0.5, alpha=0.6. eps 0.2, bnpo (/2).
+    lg = torch.log
+    logp = lg(torch.tensor([[0.55], [0.3]]))
+    anchor = lg(torch.tensor([[0.5], [0.5]]))
+    sampler = lg(torch.tensor([[0.25], [0.6]]))
+    adv, mask = torch.tensor([1.0, -1.0]), torch.ones(2, 1, dtype=torch.bool)
+    # anchor: r = (1.1, 0.6): row 0 inside the window (-1.1, grad -1.1/2), row 1 clipped at 0.8 (+0.8, grad 0)
+    for clip_mode in ("ppo", "offpolicy_grpo"):  # the window is centred on pi_k/pi_k = 1 in both modes
+        cfg = LossConfig(ratio_reference="anchor", clip_mode=clip_mode)
+        loss, grad, st = _loss(logp, sampler, anchor, adv, mask, cfg)
+        assert loss.item() == pytest.approx((-1.1 + 0.8) / 2, abs=1e-6)
+        torch.testing.assert_close(grad, torch.tensor([[-0.55], [0.0]]))
+        assert st["ratio_max"].item() == pytest.approx(1.1) and st["ratio_min"].item() == pytest.approx(0.6)
+        # the stat stays pi_k / alpha: 0.5/0.25 + 0.5/0.6
+        assert st["anchor_ratio_sum"].item() == pytest.approx(2.0 + 0.5 / 0.6, abs=1e-5)
+    # sampler (today): r = (2.2, 0.5), both clipped: -1.2 and +0.8, no gradient.
+    loss, grad, _ = _loss(logp, sampler, anchor, adv, mask, LossConfig(ratio_reference="sampler"))
+    assert loss.item() == pytest.approx((-1.2 + 0.8) / 2, abs=1e-6)
+    assert torch.equal(grad, torch.zeros(2, 1))
+    # At first use (anchor = current policy) every anchor ratio is 1: TRL with a stale sampler (paper.md §2.6).
+    loss, grad, st = _loss(logp, sampler, logp, adv, mask, LossConfig(ratio_reference="anchor"))
+    assert st["ratio_min"].item() == st["ratio_max"].item() == 1.0
+    torch.testing.assert_close(grad, torch.tensor([[-0.5], [0.5]]))
+
+
+@pytest.mark.parametrize("level,expected", [("sequence", 1.350), ("sequence_sum", 2.460)])
+def test_sequence_sum_is_the_papers_ratio_and_sequence_is_gspo(level, expected):
+    # Three tokens at log-ratio 0.3: GSPO exp(mean) = 1.350, the paper's pi(y|x)/alpha(y|x) = exp(0.9) = 2.460.
+    s = torch.zeros(1, 3)
+    logp = torch.full((1, 3), 0.3)
+    m = torch.ones(1, 3, dtype=torch.bool)
+    cfg = LossConfig(importance_sampling_level=level, epsilon=0.5, epsilon_high=10.0, loss_type="grpo")
+    loss, grad, st = _loss(logp, s, s, torch.tensor([1.0]), m, cfg)
+    assert st["ratio_max"].item() == pytest.approx(expected, abs=5e-4)
+    assert loss.item() == pytest.approx(-expected, abs=5e-4)  # grpo: one sequence, its token mean
+    # The gradient of the sequence term -s * A: d s / d logp_t = s (sum) or s / 3 (mean)
+    per_token = math.exp(0.9) if level == "sequence_sum" else math.exp(0.3) / 3
+    torch.testing.assert_close(grad, torch.full((1, 3), -per_token))
+    # Clipped as one sequence: with epsilon_high 0.2 the whole sequence is clipped, no gradient.
+    cfg = LossConfig(importance_sampling_level=level, loss_type="grpo")
+    _, grad, st = _loss(logp, s, s, torch.tensor([1.0]), m, cfg)
+    assert torch.equal(grad, torch.zeros(1, 3)) and st["clip_high_sum"] == 3
+
+
+def test_ratio_reference_is_validated():
+    with pytest.raises(ValueError, match=r"algo\.ratio_reference"):
+        LossConfig(ratio_reference="alpha")

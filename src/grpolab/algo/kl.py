@@ -1,5 +1,18 @@
 """Per-token KL estimators to the reference policy, and a masked mean (pitfalls.md #10).
 
+As VALUES, k1, k2 and k3 all estimate ``KL(pi || ref)`` from samples of ``pi`` (k1 unbiased, k3 unbiased and
+non-negative, k2 biased). As LOSS TERMS (differentiated through ``logp`` with the samples fixed, as in TRL
+and here) their gradients differ. With ``y ~ pi`` and ``d = ref_logp - logp``:
+
+* ``k1 = -d``: gradient ``grad log pi``, whose expectation is ZERO: the penalty does not pull the policy
+  towards the reference at all (``GRPOConfig`` warns on ``kl_estimator=k1`` with ``beta > 0``);
+* ``k2 = d**2 / 2``: gradient ``-d * grad log pi``, in expectation ``grad KL(pi || ref)``;
+* ``k3 = exp(d) - d - 1``: gradient ``(1 - exp(d)) * grad log pi``, in expectation ``grad KL(ref || pi)``
+  (TRL's choice and default; DeepSeekMath's GRPO).
+
+The expectations hold for samples from the current policy (lag 0, first iteration); the KL term carries no
+importance weight, as in TRL.
+
 No clamp is applied to any estimator: a huge or non-finite value (e.g. ``ref_logp = -inf``) propagates
 into the loss, where the trainer's non-finite-loss check stops the run instead of hiding it.
 """

@@ -7,11 +7,20 @@ Three log-prob tensors enter the loss:
 * ``anchor_logp``: ``log pi_k``, the policy at the start of this optimizer step (the first time this
   minibatch is used), frozen for the following ``num_iterations`` passes (pitfalls.md #9).
 
-The ratio is always taken against the sampler, ``r = pi_theta / alpha``. ``clip_mode="ppo"`` clips it to
-``[1 - eps, 1 + eps_high]``; ``clip_mode="offpolicy_grpo"`` clips it to ``[max(r' - eps, 0), r' + eps_high]``
-with ``r' = pi_k / alpha`` (paper.md §2.2). With ``alpha == pi_k`` the two coincide. For on-policy TRL
+``ratio_reference="sampler"`` (default) takes the ratio against the sampler, ``r = pi_theta / alpha``:
+``clip_mode="ppo"`` clips it to ``[1 - eps, 1 + eps_high]``; ``clip_mode="offpolicy_grpo"`` clips it to
+``[max(r' - eps, 0), r' + eps_high]`` with ``r' = pi_k / alpha`` (paper.md §2.2). With ``alpha == pi_k`` the
+two coincide. ``ratio_reference="anchor"`` takes it against the anchor, ``r = pi_theta / pi_k``, clipped to
+``[1 - eps, 1 + eps_high]`` whatever ``clip_mode`` (the window centre ``pi_k / pi_k`` is 1): no correction for
+``alpha != pi_k``, which is what TRL computes with a stale vLLM sampler and ``num_iterations = 1`` (every
+first-use ratio is 1; paper.md §2.6, where the paper's own choice is UNVERIFIED). For on-policy TRL
 behaviour (k = 1, one iteration) pass ``sampler_logp = anchor_logp = logp.detach()``: the ratio is 1 and the
 gradient is REINFORCE with the group baseline.
+
+Ratio levels (``importance_sampling_level``): ``token`` (one ratio per token, TRL's default); ``sequence``
+(GSPO, Zheng et al. 2025: ``exp(mean_t log r_t)``, the length-normalised geometric mean); ``sequence_sum``
+(the paper's ``pi(y|x) / alpha(y|x) = exp(sum_t log r_t)``, paper.md §2.1-§2.2). Three tokens at log-ratio
+0.3 give 1.350 (``sequence``) and 2.460 (``sequence_sum``).
 
 The loss is a SUM over the micro-batch divided by a denominator computed once for the whole optimizer
 step (:func:`loss_denominator`), so the summed micro-batch losses do not depend on the split.
@@ -28,7 +37,8 @@ from torch import Tensor
 from grpolab.algo.kl import KL_ESTIMATORS, kl_penalty
 
 CLIP_MODES = ("ppo", "offpolicy_grpo")
-IS_LEVELS = ("token", "sequence")
+IS_LEVELS = ("token", "sequence", "sequence_sum")
+RATIO_REFERENCES = ("sampler", "anchor")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
@@ -44,7 +54,10 @@ class LossConfig:
         epsilon: lower clip half-width, ``> 0`` (TRL's ``epsilon``, default 0.2).
         epsilon_high: upper clip half-width ``>= 0``; ``None`` means ``epsilon`` (symmetric).
         clip_mode: ``"ppo"`` (window around 1) or ``"offpolicy_grpo"`` (window around ``pi_k / alpha``).
-        importance_sampling_level: ``"token"`` or ``"sequence"`` (GSPO, length-normalised).
+        importance_sampling_level: ``"token"``, ``"sequence"`` (GSPO: ``exp`` of the MEAN token log-ratio)
+            or ``"sequence_sum"`` (the paper's ``pi(y|x)/alpha(y|x)``: ``exp`` of the SUM).
+        ratio_reference: ``"sampler"`` (``pi / alpha``, window from ``clip_mode``) or ``"anchor"``
+            (``pi / pi_k``, window ``[1 - eps, 1 + eps_high]``).
         beta: weight ``>= 0`` of the KL to the reference; 0 means no reference is needed.
         kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
         loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"`` (see :func:`loss_denominator`).
@@ -62,6 +75,7 @@ class LossConfig:
     kl_estimator: str = "k3"
     loss_type: str = "bnpo"
     max_completion_length: int | None = None
+    ratio_reference: str = "sampler"
 
     def __post_init__(self) -> None:
         if not (_is_number(self.epsilon) and self.epsilon > 0):
@@ -76,6 +90,8 @@ class LossConfig:
             raise ValueError(
                 f"algo.importance_sampling_level must be one of {IS_LEVELS}, got {self.importance_sampling_level!r}"
             )
+        if self.ratio_reference not in RATIO_REFERENCES:
+            raise ValueError(f"algo.ratio_reference must be one of {RATIO_REFERENCES}, got {self.ratio_reference!r}")
         if not (_is_number(self.beta) and self.beta >= 0):
             raise ValueError(f"algo.beta must be a finite number >= 0, got {self.beta!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -161,6 +177,11 @@ def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, x, torch.zeros_like(x)).sum(1) / mask.sum(1).clamp(min=1).to(x.dtype)
 
 
+def _seq_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """``[B, T] -> [B]`` sum over the True entries of ``mask`` (0 for an empty row)."""
+    return torch.where(mask, x, torch.zeros_like(x)).sum(1)
+
+
 def _check_shapes(logp, sampler_logp, anchor_logp, advantages, loss_mask, ref_logp) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp must have shape [B, T], got {tuple(logp.shape)}")
@@ -191,11 +212,15 @@ def grpo_loss(
     """Clipped importance-sampled GRPO loss of one micro-batch (to MINIMISE).
 
     Per token: ``-min(r * A, clip(r, lo, hi) * A) + beta * kl_penalty(logp, ref_logp)``, with
-    ``r = exp(logp - sampler_logp)`` (token level) or, at sequence level (GSPO),
-    ``r_t = sg[s_i] * exp(logp_t - sg[logp_t])`` with ``s_i = exp(mean_t(logp - sampler_logp))`` over the
-    loss tokens of sequence ``i``, whose gradient is the sequence-level one. The window ``[lo, hi]`` is
-    ``[1 - eps, 1 + eps_high]`` (``ppo``) or ``[max(r' - eps, 0), r' + eps_high]`` with
-    ``r' = exp(anchor_logp - sampler_logp)`` at the same level (``offpolicy_grpo``).
+    ``r = exp(logp - base)`` (token level) or, at the sequence levels, ``r_t = sg[s_i] * exp(logp_t -
+    sg[logp_t])`` with ``s_i = exp(mean_t(logp - base))`` over the loss tokens of sequence ``i``
+    (``sequence``, GSPO; the gradient of ``r_t`` w.r.t. ``logp_t`` is ``s_i``), or ``r_t = s_i =
+    exp(sum_t(logp - base))`` on every loss token (``sequence_sum``, the paper's pi(y|x)/alpha(y|x), with its
+    own gradient; with ``loss_type="grpo"`` the loss is exactly ``-mean_i f(s_i, s'_i, A_i)`` of paper.md
+    §2.2; the token-sum types weight each sequence by its length). ``base`` is ``sampler_logp`` (``ratio_reference=
+    "sampler"``) or ``anchor_logp`` (``"anchor"``). The window ``[lo, hi]`` is ``[1 - eps, 1 + eps_high]``
+    (``ppo``) or ``[max(r' - eps, 0), r' + eps_high]`` with ``r' = exp(anchor_logp - base)`` at the same
+    level (``offpolicy_grpo``; ``r' = 1`` with the anchor as base).
     Aggregation: ``grpo`` sums each sequence's token mean; the other types sum tokens; both are then
     divided by ``denominator``. Masked positions are excluded with ``torch.where``, so any value there
     (padding garbage, -inf, NaN) cannot reach the loss, the stats or the gradient. No clamp is applied
@@ -215,7 +240,8 @@ def grpo_loss(
         ``(loss, stats)``: ``loss`` is a 0-dim tensor (this micro-batch's sum / ``denominator``);
         ``stats`` is a flat dict of detached 0-dim tensors that add up across micro-batches (see
         :func:`merge_loss_stats`): ``num_tokens``, ``num_sequences``, ``ratio_sum``, ``ratio_min``,
-        ``ratio_max`` (+inf / -inf when there are no tokens), ``anchor_ratio_sum`` (sum of ``r'``),
+        ``ratio_max`` (+inf / -inf when there are no tokens), ``anchor_ratio_sum`` (sum of ``pi_k / alpha``
+        at the ratio's level, whatever ``ratio_reference``),
         ``clip_low_sum`` (``r < lo`` and ``A < 0``), ``clip_high_sum`` (``r > hi`` and ``A > 0``),
         ``clip_region_sum`` (either; TRL's definitions), ``kl_sum`` (only when ``ref_logp`` is given).
 
@@ -240,17 +266,25 @@ def grpo_loss(
     logp = torch.where(mask, logp, zeros)
     sampler_logp = torch.where(mask, sampler_logp.detach().to(logp.dtype), zeros)
     anchor_logp = torch.where(mask, anchor_logp.detach().to(logp.dtype), zeros)
-    log_r = logp - sampler_logp
-    log_r_anchor = anchor_logp - sampler_logp
-    if cfg.importance_sampling_level == "sequence":
-        seq = _seq_mean(log_r.detach(), mask).unsqueeze(1)
-        ratio = seq.exp() * (logp - logp.detach()).exp()
-        anchor_ratio = _seq_mean(log_r_anchor, mask).unsqueeze(1).exp().expand_as(logp)
+    base = anchor_logp if cfg.ratio_reference == "anchor" else sampler_logp
+    log_r = logp - base
+    log_r_centre = anchor_logp - base  # 0 with the anchor as base: the window is centred on 1
+    log_r_anchor = anchor_logp - sampler_logp  # pi_k / alpha, for the stats
+    if cfg.importance_sampling_level in ("sequence", "sequence_sum"):
+        if cfg.importance_sampling_level == "sequence":  # GSPO's form: gradient s_i on every token
+            agg = _seq_mean
+            ratio = agg(log_r.detach(), mask).unsqueeze(1).exp() * (logp - logp.detach()).exp()
+        else:  # the sequence ratio itself on every token: its gradient is the gradient of the value
+            agg = _seq_sum
+            ratio = agg(log_r, mask).unsqueeze(1).exp().expand_as(logp)
+        centre = agg(log_r_centre, mask).unsqueeze(1).exp().expand_as(logp)
+        anchor_ratio = agg(log_r_anchor, mask).unsqueeze(1).exp().expand_as(logp)
     else:
         ratio = log_r.exp()
+        centre = log_r_centre.exp()
         anchor_ratio = log_r_anchor.exp()
 
-    lo, hi = clip_bounds(anchor_ratio, cfg)
+    lo, hi = clip_bounds(centre, cfg)
     adv = advantages.detach().to(logp.dtype).unsqueeze(1)
     clipped = torch.clamp(ratio, min=lo, max=hi)
     per_token = -torch.min(ratio * adv, clipped * adv)
