@@ -175,7 +175,7 @@ class GRPOModule(L.LightningModule):
         mask = mb.loss_mask.to(logp.device).bool()
         valid = ~torch.isnan(mb.rewards)
         rewards = mb.rewards[valid]
-        summary = group_reward_summary(mb.rewards, mb.group_ids)
+        summary = group_reward_summary(mb.rewards, mb.group_ids, c.zero_std_threshold)
         num_groups = max(len(summary["mean"]), 1)
         lengths = mb.completion_mask.sum(1).float()
         self.num_tokens += int(mb.completion_mask.sum() + mb.prompt_mask.sum())

@@ -141,3 +141,54 @@ def test_group_reward_summary_split_all_correct_all_wrong():
     assert s["count"].tolist() == [2, 2, 2, 0, 2, 1]
     torch.testing.assert_close(s["mean"], torch.tensor([1.0, 0.0, 0.5, 0.0, 0.5, 1.0]))
     torch.testing.assert_close(s["std"][2], torch.tensor(math.sqrt(0.5)))
+
+
+# ---------------------------------------------------------------- issue 9 items 8, 9
+
+
+def test_truncated_rows_out_of_the_loss_are_out_of_the_baseline():
+    from grpolab.algo.advantages import rows_in_loss
+
+    # Rewards [trunc 0, 1, 0, 0], scale_rewards=none: without the truncated row [0, 0.667, -0.333, -0.333]
+    # (with it in the baseline, the bug: [-0.25, 0.75, -0.25, -0.25]).
+    rewards = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    truncated = torch.tensor([True, False, False, False, False, False, False, True])
+    cmask = torch.ones(8, 3)
+    adv, keep = rows_in_loss(rewards, ids, cmask, truncated, scale_rewards="none", mask_truncated_completions=True)
+    torch.testing.assert_close(adv.advantages[:4], torch.tensor([0.0, 2 / 3, -1 / 3, -1 / 3]))
+    assert keep[:, 0].tolist() == [0, 1, 1, 1, 1, 1, 1, 0]
+    # group 1 without its truncated row: [1, 0, 1] -> mean 2/3; the batch std (scale=batch) also leaves it out
+    torch.testing.assert_close(adv.advantages[4:], torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0]))
+    adv_b, _ = rows_in_loss(rewards, ids, cmask, truncated, scale_rewards="batch", epsilon=0.0,
+                            mask_truncated_completions=True)
+    kept = rewards[~truncated]
+    torch.testing.assert_close(adv_b.advantages[1], (1 - 1 / 3) / kept.std())
+    # Without mask_truncated_completions the row is in the loss and so in the baseline.
+    adv, keep = rows_in_loss(rewards, ids, cmask, truncated, scale_rewards="none")
+    torch.testing.assert_close(adv.advantages[:4], torch.tensor([-0.25, 0.75, -0.25, -0.25]))
+    assert keep.sum() == 24
+    # Unscorable rows too, and a group left with one row is zero-std (masked under mask_zero_std_groups).
+    r = torch.tensor([math.nan, 1.0, math.nan, 0.0])
+    adv, keep = rows_in_loss(r, torch.tensor([0, 0, 0, 1]), torch.ones(4, 1), torch.tensor([False, False, True, False]),
+                             mask_zero_std_groups=True, mask_truncated_completions=True)
+    assert adv.zero_std.tolist() == [True, True, True, True] and keep.sum() == 0
+
+
+def test_zero_std_threshold_for_non_binary_rewards():
+    rewards = torch.tensor([0.50, 0.51, 0.50, 0.49, 1.0, 0.0, 0.5, 0.5])
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    exact = compute_advantages(rewards, ids)  # default 0.0: only exactly equal rewards are zero-std
+    assert exact.zero_std.tolist() == [False] * 8 and exact.advantages[1] > 0.5
+    thr = compute_advantages(rewards, ids, zero_std_threshold=0.05)  # group 0 std = 0.0082 <= 0.05
+    assert thr.zero_std.tolist() == [True] * 4 + [False] * 4
+    assert torch.equal(thr.advantages[:4], torch.zeros(4))
+    torch.testing.assert_close(thr.advantages[4:], exact.advantages[4:])
+    assert group_reward_summary(rewards, ids, zero_std_threshold=0.05)["zero_std"].tolist() == [True, False]
+    with pytest.raises(ValueError, match=r"algo\.zero_std_threshold"):
+        compute_advantages(rewards, ids, zero_std_threshold=-0.1)
+    from grpolab.config import GRPOConfig
+
+    for bad in (-1.0, math.inf, "x"):
+        with pytest.raises(ValueError, match=r"algo\.zero_std_threshold"):
+            GRPOConfig(zero_std_threshold=bad)

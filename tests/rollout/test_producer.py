@@ -83,3 +83,26 @@ def test_sampler_log_probs_only_when_needed(tiny_spec, arithmetic_task, exact_re
         if needs_sampler:  # the reference is the same weights here, so both log-probs agree
             assert torch.allclose(mb.sampler_logp, mb.ref_logp)
             assert math.isfinite(float(mb.sampler_logp[mb.completion_mask].sum()))
+
+
+def test_truncated_rows_leave_the_baseline_with_mask_truncated_completions(tiny_spec, arithmetic_task):
+    # Every completion that stops scores 1, every truncated one gets truncated_reward 0. Groups mix the two
+    # (fixed seed, 8 new tokens). With the truncated rows out of the loss, the rest of each group is all 1:
+    # zero variance, every advantage 0. Leaving them in the baseline (the bug) gives positive advantages.
+    class Always:
+        name = "always"
+
+        def __call__(self, completions, **kw):
+            return [1.0] * len(completions)
+
+    from grpolab.verifiers.reward import RewardModel
+
+    prod = _producer(tiny_spec, arithmetic_task, RewardModel({"always": Always()}), max_completion_length=8,
+                     num_generations=4, per_device_train_batch_size=16, mask_truncated_completions=True,
+                     scale_rewards="none")
+    torch.manual_seed(0)
+    (mb,) = prod.produce(tiny_spec.load_policy(), None, arithmetic_task.splits()["train"][:4], 0, 0)
+    mixed = [g for g in mb.group_ids.unique() if 0 < int(mb.truncated[mb.group_ids == g].sum()) < 4]
+    assert mixed, "the seed must give a group with both truncated and stopped completions"
+    assert torch.equal(mb.advantages, torch.zeros(16)) and bool(mb.zero_std.all())
+    assert torch.all(mb.loss_mask[mb.truncated] == 0) and torch.all(mb.rewards[mb.truncated] == 0.0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from grpolab.algo.advantages import compute_advantages
+from grpolab.algo.advantages import rows_in_loss
 from grpolab.config import GRPOConfig
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.engine import GenerationEngine, SamplingParams
@@ -106,13 +106,13 @@ class RolloutProducer:
         for j in range(c.steps_per_generation):
             sl = slice(j * n_per, (j + 1) * n_per)
             rewards = s["rewards"][sl]
-            adv = compute_advantages(rewards, group_ids[sl], c.scale_rewards, c.advantage_epsilon)
-            keep = gen.completion_mask[sl].float()
-            keep = keep * (~torch.isnan(rewards)).float()[:, None]  # unscorable rows leave the loss (#11)
-            if c.mask_zero_std_groups:  # the paper's indicator 1{sigma != 0}
-                keep = keep * (~adv.zero_std).float()[:, None]
-            if c.mask_truncated_completions:
-                keep = keep * (~gen.truncated[sl]).float()[:, None]
+            # Unscorable rows, and truncated ones under mask_truncated_completions, leave the loss AND their
+            # group's baseline (pitfalls.md #11); the zero-variance mask is the paper's 1{sigma != 0}.
+            adv, keep = rows_in_loss(rewards, group_ids[sl], gen.completion_mask[sl], gen.truncated[sl],
+                                     scale_rewards=c.scale_rewards, epsilon=c.advantage_epsilon,
+                                     zero_std_threshold=c.zero_std_threshold,
+                                     mask_zero_std_groups=c.mask_zero_std_groups,
+                                     mask_truncated_completions=c.mask_truncated_completions)
             mb = Minibatch(
                 prompt_ids=gen.prompt_ids[sl], prompt_mask=gen.prompt_mask[sl],
                 completion_ids=gen.completion_ids[sl], completion_mask=gen.completion_mask[sl],
