@@ -18,7 +18,7 @@ import lightning as L
 import torch
 
 from grpolab.algo.advantages import group_reward_summary
-from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate, theorem1_lower_bound
+from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_denominator, loss_stats_to_metrics, merge_loss_stats
 from grpolab.config import GRPOConfig
@@ -26,6 +26,8 @@ from grpolab.errors import NonFiniteLossError
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
+from grpolab.rollout.reference import refresh_reference
+from grpolab.theorem1 import lower_bound_metrics
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +147,15 @@ class GRPOModule(L.LightningModule):
         opt.step()
         opt.zero_grad(set_to_none=True)
         self._check_weights(step)
+        bound = lower_bound_metrics(self.policy, mb, torch.cat(current), c, step)  # Theorem 1 at pi_{k+1}
         sched = self.lr_schedulers()
         if sched is not None:
             sched.step()
         if c.ref_refresh_every and self.reference is not None and self.global_step % c.ref_refresh_every == 0:
-            self.reference.load_state_dict(self.policy.state_dict())
+            dm = self.trainer.datamodule  # the buffer's stored ref log-probs follow the new reference
+            refresh_reference(self.reference, self.policy, getattr(dm, "buffer", []), getattr(dm, "position", 0), c)
         self.time_train_s += time.perf_counter() - t0
-        self._log_step(mb, total, stats, torch.cat(current), torch.cat(entropies), grad_norm, t0)
+        self._log_step(mb, total, stats, torch.cat(current), torch.cat(entropies), grad_norm, t0, bound)
         return torch.tensor(total)
 
     def _clip_and_check(self, step: int) -> float:
@@ -170,7 +174,7 @@ class GRPOModule(L.LightningModule):
                                      f"({len(bad)} tensors, e.g. {bad[0]}); lower algo.learning_rate")
 
     def _log_step(self, mb: Minibatch, loss: float, stats: list[dict], logp: torch.Tensor, entropy: torch.Tensor,
-                  grad_norm: float, t0: float) -> None:
+                  grad_norm: float, t0: float, bound: dict[str, float]) -> None:
         c = self.cfg
         mask = mb.loss_mask.to(logp.device).bool()
         valid = ~torch.isnan(mb.rewards)
@@ -207,7 +211,7 @@ class GRPOModule(L.LightningModule):
             vals = [v for v in values if v is not None]
             m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else 0.0
         m.update(loss_stats_to_metrics(merge_loss_stats(stats)))
-        # Paper diagnostics (paper.md §3.6): policy vs sampler, c(x), Theorem 1 bound, at pi = pi_k.
+        # Paper diagnostics (paper.md §3.6): policy vs sampler, c(x), surrogate at pi = pi_k; Theorem 1 at pi_{k+1}.
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
         div = policy_sampler_divergence(logp, sampler, mask)
         m.update({k: float(v) for k, v in div.items() if k != "num_sequences"})
@@ -220,8 +224,7 @@ class GRPOModule(L.LightningModule):
         delta = ((logp - sampler) * mask).sum(1)
         sur = surrogate(delta, mb.advantages.to(logp.device), seq_mask)
         m["surrogate"] = float(sur)
-        m["lower_bound"] = float(theorem1_lower_bound(sur, torch.tensor(m["c_weight/unmasked_mean"]),
-                                                      div["tv_seq"], div["tv_seq"]))
+        m.update(bound)  # train/lower_bound etc., every algo.lower_bound_every steps
         now = time.perf_counter()
         m["step_time"] = now - t0
         m["time/train"] = self.time_train_s

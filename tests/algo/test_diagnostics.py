@@ -103,3 +103,27 @@ def test_theorem1_bound_holds_on_exact_discrete_distributions():
         assert gain >= lb - 1e-12
         # §3.5 identity: L = (J(pi) - J(alpha)) / sigma_eps
         assert L.item() == pytest.approx(((pi * r).sum() - mu).item() / math.sqrt(mu * (1 - mu) + eps))
+
+
+def test_theorem1_group_bound_takes_per_group_products():
+    from grpolab.algo.diagnostics import theorem1_group_bound
+
+    # Group 0 (c = 1): Delta = (log 1.2, log 0.8), A = (1, -1); group 1 (c = 3): Delta = (0, log 1.5), A = (-1, 1).
+    # Delta_k = 0 (pi_k = alpha). L_0 = (1.2 - 0.8)/2 = 0.2, TV_0 = 0.5 * (0.2 + 0.2)/2 = 0.1;
+    # L_1 = (-1 + 1.5)/2 = 0.25, TV_1 = 0.5 * (0 + 0.5)/2 = 0.125.
+    # LB = mean(0.2 - 2*1*0.1, 0.25 - 2*3*0.125) = mean(0.0, -0.5) = -0.25.
+    delta = torch.log(torch.tensor([1.2, 0.8, 1.0, 1.5]))
+    out = theorem1_group_bound(delta, torch.zeros(4), torch.tensor([1.0, -1.0, -1.0, 1.0]),
+                               torch.tensor([5, 5, 9, 9]), torch.tensor([1.0, 1.0, 3.0, 3.0]),
+                               torch.ones(4, dtype=torch.bool))
+    assert out["lower_bound"].item() == pytest.approx(-0.25, abs=1e-6)
+    assert out["surrogate"].item() == pytest.approx(0.225, abs=1e-6)
+    assert out["c_tv"].item() == pytest.approx((0.1 + 3 * 0.125) / 2, abs=1e-6)
+    # mean(c) * mean(TV) would give 0.225 - 2 * 2 * 0.1125 = -0.225, not the bound
+    assert out["lower_bound"].item() != pytest.approx(-0.225, abs=1e-3)
+    # TV(pi_k, alpha) enters with weight 2; masked sequences (and a group with none left) drop out.
+    out = theorem1_group_bound(delta, torch.log(torch.tensor([1.1, 1.1, 1.0, 1.0])),
+                               torch.tensor([1.0, -1.0, -1.0, 1.0]), torch.tensor([5, 5, 9, 9]),
+                               torch.tensor([1.0, 1.0, 3.0, 3.0]), torch.tensor([True, True, False, False]))
+    assert out["num_groups"].item() == 1
+    assert out["lower_bound"].item() == pytest.approx(0.2 - 2 * 1 * 0.1 - 2 * 0.05, abs=1e-6)  # TV_k = 0.05

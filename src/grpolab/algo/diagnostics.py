@@ -136,3 +136,68 @@ def theorem1_lower_bound(
     dtype = torch.float64 if any(a.dtype == torch.float64 for a in args) else torch.float32
     l_val, c, tv1, tv2 = (a.to(dtype) for a in args)
     return l_val - 2.0 * c * tv1 - 2.0 * tv2
+
+
+def theorem1_group_bound(
+    seq_log_ratio: Tensor,
+    seq_log_ratio_k: Tensor,
+    advantages: Tensor,
+    group_ids: Tensor,
+    c: Tensor,
+    mask: Tensor,
+) -> dict[str, Tensor]:
+    """Theorem 1 per prompt, then averaged over prompts (paper.md §3.1, §3.6 item 6).
+
+    For each group ``x`` (the sequences of one prompt that are in the loss):
+    ``LB_x = L_x - 2 * c_x * TV_x(pi, alpha) - 2 * TV_x(pi_k, alpha)`` with ``L_x = mean_i exp(Delta_i) * A_i``,
+    ``TV_x(pi, alpha) = 0.5 * mean_i |exp(Delta_i) - 1|`` and ``TV_x(pi_k, alpha)`` the same with ``Delta^k_i``.
+    The products ``c_x * TV_x`` are taken per group (``mean(c) * mean(TV)`` is not the bound). Evaluated at
+    ``pi = pi_{k+1}`` (after the optimizer step) it bounds the step's gain; at ``pi = pi_k`` the gain is 0.
+
+    Args:
+        seq_log_ratio: ``[B]`` float, ``Delta_i = log pi(y_i|x) - log alpha(y_i|x)`` (summed over loss tokens).
+        seq_log_ratio_k: ``[B]`` float, the same for ``pi_k``.
+        advantages: ``[B]`` float.
+        group_ids: ``[B]`` integer prompt uid.
+        c: ``[B]`` float, ``c_x`` of each row's group (:func:`c_weight`).
+        mask: ``[B]`` bool, sequences in the loss.
+
+    Returns:
+        Dict of 0-dim float tensors (0 when no sequence is selected): ``lower_bound`` (mean of ``LB_x``),
+        ``surrogate`` (mean of ``L_x``), ``c_tv`` (mean of ``c_x * TV_x(pi, alpha)``), ``tv_seq`` (mean of
+        ``TV_x(pi, alpha)``), ``tv_seq_k`` (mean of ``TV_x(pi_k, alpha)``), ``num_groups``.
+
+    Raises:
+        ValueError: on shape mismatch.
+
+    Example:
+        >>> out = theorem1_group_bound(torch.zeros(2), torch.zeros(2), torch.tensor([1.0, -1.0]),
+        ...                            torch.tensor([0, 0]), torch.ones(2), torch.tensor([True, True]))
+        >>> float(out["lower_bound"]), float(out["num_groups"])
+        (0.0, 1.0)
+    """
+    tensors = (seq_log_ratio_k, advantages, group_ids, c, mask)
+    if seq_log_ratio.dim() != 1 or any(t.shape != seq_log_ratio.shape for t in tensors):
+        raise ValueError("seq_log_ratio, seq_log_ratio_k, advantages, group_ids, c and mask must share a [B] shape")
+    m = mask.bool()
+    dtype = torch.promote_types(seq_log_ratio.dtype, torch.float32)
+    zero = torch.zeros((), dtype=dtype)
+    if not m.any():
+        return {k: zero for k in ("lower_bound", "surrogate", "c_tv", "tv_seq", "tv_seq_k", "num_groups")}
+    ratio = seq_log_ratio.detach().to(dtype)[m].exp()
+    ratio_k = seq_log_ratio_k.detach().to(dtype)[m].exp()
+    adv, cm = advantages.detach().to(dtype)[m], c.detach().to(dtype)[m]
+    _, inv = torch.unique(group_ids[m], return_inverse=True)
+    n = int(inv.max()) + 1
+    count = torch.zeros(n, dtype=dtype).index_add_(0, inv, torch.ones_like(adv))
+
+    def group_mean(x: Tensor) -> Tensor:
+        return torch.zeros(n, dtype=dtype).index_add_(0, inv, x) / count
+
+    sur = group_mean(ratio * adv)
+    tv = 0.5 * group_mean((ratio - 1).abs())
+    tv_k = 0.5 * group_mean((ratio_k - 1).abs())
+    c_x = group_mean(cm)  # one value per group
+    lb = sur - 2.0 * c_x * tv - 2.0 * tv_k
+    return {"lower_bound": lb.mean(), "surrogate": sur.mean(), "c_tv": (c_x * tv).mean(), "tv_seq": tv.mean(),
+            "tv_seq_k": tv_k.mean(), "num_groups": torch.tensor(float(n), dtype=dtype)}

@@ -1,0 +1,56 @@
+"""Issue 9 through the real training loop: the Theorem 1 bound after the update (item 4) and the reference
+refresh inside a rollout buffer (item 6)."""
+
+import math
+
+import pandas as pd
+import torch
+from conftest import FAST_OVERRIDES, compose_train_cfg
+
+from grpolab.rollout.forward import batched_log_probs
+from grpolab.run import build, run_training
+
+QUIET = ["trainer.val_check_interval=100", "val.at_start=false", "save_policy=false",
+         "algo.truncated_reward=-1.0", "algo.lr_scheduler=null"]  # reward variance for a random model; no warmup
+
+
+def _metrics(tmp_path, *overrides):
+    run_training(compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *QUIET, *overrides]))
+    return pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"]).reset_index(drop=True)
+
+
+def test_lower_bound_is_taken_after_the_update_every_n_steps(tmp_path):
+    # On-policy at lag 0, pi_k = alpha: at pi = pi_k the bound is mean(A) = 0 whatever the update. Taken at
+    # pi_{k+1} it is 0 only when the step did not move the policy (lr 0) and moves with a real update.
+    common = ["trainer.max_steps=3", "algo.lower_bound_every=2"]
+    still = _metrics(tmp_path / "lr0", *common, "algo.optimizer.lr=0.0")
+    moved = _metrics(tmp_path / "lr", *common, "algo.learning_rate=1e-3")
+    for m in (still, moved):
+        assert m["train/lower_bound"].notna().tolist() == [True, False, True]  # steps 0 and 2 only
+    assert still["train/lower_bound"].dropna().abs().max() < 1e-6
+    assert still["train/lower_bound/c_tv"].dropna().abs().max() == 0.0
+    assert moved["train/lower_bound"].dropna().abs().min() > 1e-4
+    assert moved["train/lower_bound/c_tv"].dropna().min() > 0
+    never = _metrics(tmp_path / "never", "trainer.max_steps=1", "algo.lower_bound_every=0")
+    assert "train/lower_bound" not in never.columns
+
+
+def test_reference_refresh_inside_a_buffer_recomputes_the_stored_ref_log_probs(tmp_path):
+    # k = 4 (one buffer of 4 minibatches), reference reset after step 2: minibatches 2 and 3 must be scored
+    # against the new reference, not the one the buffer was sampled with.
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *QUIET, "algo=grpo_offpolicy", "algo.steps_per_generation=4",
+                                       "algo.beta=0.04", "algo.ref_refresh_every=2", "algo.learning_rate=1e-3",
+                                       "trainer.max_steps=3"])
+    parts = build(cfg)
+    module, dm = parts["module"], parts["datamodule"]
+    parts["trainer"].fit(module, datamodule=dm)
+    assert module.global_step == 3 and dm.position == 3 and len(dm.buffer) == 4
+    ref = module.reference
+    for j in (2, 3):  # still to come after the refresh: recomputed under the new reference
+        now = batched_log_probs(ref, dm.buffer[j].tensors(), cfg.algo.temperature, None)
+        assert torch.equal(dm.buffer[j].ref_logp, now)
+    # minibatch 0 was used before the refresh: it keeps the old reference's log-probs, which differ
+    mb = dm.buffer[0]
+    m = mb.completion_mask
+    diff = (batched_log_probs(ref, mb.tensors(), cfg.algo.temperature, None) - mb.ref_logp)[m].abs().max()
+    assert diff > 1e-5 and math.isfinite(float(diff))
