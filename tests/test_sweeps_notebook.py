@@ -18,6 +18,7 @@ ARMS = {  # arm -> (algo name, k, i, mask)
     "k2": ("grpo_offpolicy", 2, 1, True),
     "k4": ("grpo_offpolicy", 4, 1, True),
     "k10": ("grpo_offpolicy", 10, 1, True),
+    "k10_anchor": ("grpo_offpolicy", 10, 1, True),
     "reuse_i10": ("grpo_reuse", 1, 10, False),
 }
 
@@ -57,6 +58,7 @@ def test_each_arm_selects_its_regime(arm):
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
     assert (algo.name, algo.steps_per_generation, algo.num_iterations, algo.mask_zero_std_groups) == ARMS[arm]
     assert algo.clip_mode == ("offpolicy_grpo" if algo.name == "grpo_offpolicy" else "ppo")
+    assert algo.ratio_reference == ("anchor" if arm == "k10_anchor" else "sampler")
     assert cfg.seed == 2 and cfg.trainer.max_steps == 1000  # the same number of optimizer steps for every arm
 
 

@@ -115,6 +115,8 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "steps_per_generation": algo.steps_per_generation,
         "num_iterations": algo.num_iterations,
         "clip_mode": algo.clip_mode,
+        "ratio_reference": algo.ratio_reference,
+        "importance_sampling_level": algo.importance_sampling_level,
         "mask_zero_std_groups": algo.mask_zero_std_groups,
         "loss_type": algo.loss_type,
         "beta": algo.beta,
