@@ -102,3 +102,23 @@ def test_cli_writes_eval_json_and_shows_progress(trained_run, tmp_path):
     assert "eval test" in proc.stderr and "4/4" in proc.stderr  # tqdm progress bar
     result = json.loads((out / "eval.json").read_text())
     assert result["num_prompts"] == 4 and (out / "completions.jsonl").exists()
+
+
+def test_eval_ignores_the_folders_generation_config(trained_run, tmp_path):
+    # issue 9 item 1: a generation_config.json with repetition_penalty, no_repeat_ngram_size, temperature, top_k
+    # and top_p must not change what eval.py samples (sampled and greedy): same completions as without them.
+    import shutil
+
+    from transformers import GenerationConfig
+
+    run, _ = trained_run
+    folder = tmp_path / "policy"
+    shutil.copytree(run / "policy", folder)
+    gc = GenerationConfig.from_pretrained(folder)
+    gc.repetition_penalty, gc.no_repeat_ngram_size, gc.temperature, gc.top_k, gc.top_p = 1.3, 2, 0.3, 3, 0.5
+    gc.do_sample = True
+    gc.save_pretrained(folder)
+    common = ["eval.num_samples=4", "eval.max_prompts=8"]
+    _, plain = _eval(tmp_path / "plain", [f"model.path={run / 'policy'}", *common])
+    _, loaded = _eval(tmp_path / "loaded", [f"model.path={folder}", *common])
+    assert [r["completion"] for r in loaded] == [r["completion"] for r in plain]

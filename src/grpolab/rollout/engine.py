@@ -62,7 +62,9 @@ class GenerationEngine(Protocol):
 
     ``sync_weights`` is called once per sampler refresh (every ``steps_per_generation`` optimizer steps):
     an engine holding its own copy of the weights (vLLM) loads the policy's weights there, which is where the
-    off-policy schedule saves its time. ``generate`` then samples from those weights.
+    off-policy schedule saves its time. ``generate`` then samples from those weights, with the settings of
+    ``params`` alone: nothing from the model's own generation config may change the distribution, because the
+    trainer stores the log-probs of exactly that tempered, untruncated distribution (issue 9 item 1).
     """
 
     def sync_weights(self, model: Any) -> None: ...
