@@ -4,6 +4,7 @@ refresh inside a rollout buffer (item 6)."""
 import math
 
 import pandas as pd
+import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
@@ -54,3 +55,16 @@ def test_reference_refresh_inside_a_buffer_recomputes_the_stored_ref_log_probs(t
     m = mb.completion_mask
     diff = (batched_log_probs(ref, mb.tensors(), cfg.algo.temperature, None) - mb.ref_logp)[m].abs().max()
     assert diff > 1e-5 and math.isfinite(float(diff))
+
+
+@pytest.mark.parametrize("override,key", [
+    ("algo.ratio_reference=alpha", "algo.ratio_reference"),
+    ("algo.importance_sampling_level=seq_sum", "algo.importance_sampling_level"),
+    ("algo.lower_bound_every=-1", "algo.lower_bound_every"),
+    ("algo.zero_std_threshold=-0.1", "algo.zero_std_threshold"),
+])
+def test_new_knobs_are_validated_before_any_model_is_built(tmp_path, override, key):
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, override])
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        run_training(cfg)
+    assert not (tmp_path / "cache").exists()
