@@ -52,7 +52,7 @@ def test_numbers():
         ("#### -3", "-3", 1.0),
         ("#### 3", "-3", 0.0),
         ("#### 180", "18", 0.0),
-        ("#### 18\nQuestion: next one?\n#### 7", "18", 1.0),  # first marker wins
+        ("#### 18\nQuestion: next one?\n#### 7", "18", 1.0),  # cut at the stop string "Question:"
         ("so 9 * 2 = 18", "18", 1.0),  # last number
         ("so 18 apples, 2 left", "18", 0.0),
         ("the answer is \\boxed{18}", "18", 1.0),

@@ -10,6 +10,13 @@ output. The rules:
   unclosed ``<answer>``), the content of the last one is the region.
 - **Boxes are balanced.** ``\\boxed{...}`` / ``\\fbox{...}`` contents are read with brace counting
   (``\\boxed{\\frac{1}{2}}`` is ``\\frac{1}{2}``); an unclosed box (truncated output) is ignored.
+- **The last final answer counts.** A completion that boxes an answer, reasons on and boxes another (a
+  correction) is graded on its last box (:func:`final_boxed_contents`), as every public grader does:
+  math-verify tries the right-most match first (``math_verify/parser.py``: matches sorted by end position,
+  reversed), Qwen2.5-Math takes ``pred_str.split("boxed")[-1]`` (``evaluation/parser.py``), verl's gsm8k
+  reward takes ``solutions[-1]`` of its ``#### N`` matches and hendrycks' ``last_boxed_only_string`` the
+  last box. Boxes joined only by "or" / commas (``\\boxed{3} or \\boxed{5}``) are one hedged answer:
+  the caller gets them all and scores 0 unless all agree (the math-verify-based graders' verdict).
 """
 
 from __future__ import annotations
@@ -76,7 +83,40 @@ def boxed_contents(text: str) -> list[str]:
         >>> boxed_contents(r"so $\\boxed{\\frac{1}{2}}$ or \\boxed{3}, not \\boxed{}")
         ['\\\\frac{1}{2}', '3']
     """
-    out: list[str] = []
+    return [content for _, _, content in boxed_spans(text)]
+
+
+# What may stand between two boxes that together are one (hedged) answer: "or", "either", commas,
+# semicolons, slashes, math delimiters and spaces. Any other word (a correction: "Wait, that is wrong")
+# separates two answers, and then the later one counts.
+_HEDGE_JOINER_RE = re.compile(r"(?:[\s$,;/.()\[\]\\]|\bor\b|\beither\b)*", re.IGNORECASE)
+
+
+def final_boxed_contents(text: str) -> list[str]:
+    """The contents of the last box, together with the boxes hedged with it (joined by "or"/commas only).
+
+    Returns:
+        ``[]`` without a closed box; ``[last]`` for a single final answer (earlier boxes separated from it
+        by other text are superseded corrections); several items for a hedge.
+
+    Examples:
+        >>> final_boxed_contents(r"\\boxed{3}. Wait, I dropped a term: \\boxed{5}.")
+        ['5']
+        >>> final_boxed_contents(r"either $\\boxed{3}$ or $\\boxed{5}$")
+        ['3', '5']
+    """
+    spans = boxed_spans(text)
+    if not spans:
+        return []
+    first = len(spans) - 1
+    while first > 0 and _HEDGE_JOINER_RE.fullmatch(text[spans[first - 1][1] : spans[first][0]]):
+        first -= 1
+    return [content for _, _, content in spans[first:]]
+
+
+def boxed_spans(text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, content)`` of every closed, non-empty box, in order (see :func:`boxed_contents`)."""
+    out: list[tuple[int, int, str]] = []
     pos = 0
     while True:
         m = _BOX_RE.search(text, pos)
@@ -97,7 +137,7 @@ def boxed_contents(text: str) -> list[str]:
             return out  # unclosed: truncated output, nothing after it can be closed either
         content = text[m.end() : i - 1]
         if content.strip():
-            out.append(content)
+            out.append((m.start(), i, content))
         pos = i
 
 

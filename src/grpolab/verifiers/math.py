@@ -10,8 +10,12 @@ What this adds to ``math_verify.parse`` / ``math_verify.verify``, and why:
 - **Only the final-answer region counts**: text after the last ``</think>``, inside ``<answer>`` tags
   when present (:func:`grpolab.verifiers.extract.final_answer_region`). A box inside the reasoning is
   not the answer.
-- **Hedges score 0.** Several boxed answers that are not all equal to the gold (``\\boxed{3}`` or
-  ``\\boxed{5}``) score 0 whichever one is right; boxing the same answer twice is fine.
+- **The last final answer counts; hedges score 0.** A box followed by more reasoning and another box
+  (a correction) is graded on the last box, as math-verify (right-most match first), Qwen2.5-Math
+  (``split("boxed")[-1]``) and hendrycks' ``last_boxed_only_string`` do. Boxes joined only by "or" or
+  commas (``\\boxed{3}`` or ``\\boxed{5}``) are one hedged answer and score 0 unless all equal the gold
+  (:func:`grpolab.verifiers.extract.final_boxed_contents`). Without a box, math-verify's own order picks
+  the last answer-like match.
 - **No model output is evaluated as code.** math-verify's plain-expression extractor hands strings such
   as ``1/2`` or ``3+4`` to ``sympy.parse_expr``, which calls Python's ``eval``. We run math-verify's own
   extraction regexes and LaTeX parser (an ANTLR grammar) but build plain arithmetic with a whitelist
@@ -36,7 +40,7 @@ import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, verify
 from math_verify.parser import extract_expr, extract_latex, get_extraction_regexes
 
-from grpolab.verifiers.extract import boxed_contents, final_answer_region
+from grpolab.verifiers.extract import final_answer_region, final_boxed_contents
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +220,9 @@ class MathVerifier:
             ``1/3``, ``0.333333`` is).
         numeric_precision: significant digits for numeric evaluation.
         strict: math-verify's strict mode (variables matter).
-        reject_hedges: score 0 when the final-answer region has several boxed answers that are not all
-            equal to the gold.
+        reject_hedges: score 0 when the final answer is several boxes joined by "or"/commas (a hedge) that
+            are not all equal to the gold; false grades only the last of them. An earlier box followed by
+            other text is a superseded answer either way: the last box counts.
 
     Example:
         >>> MathVerifier()(["so $\\\\boxed{\\\\dfrac{3}{4}}$", "$\\\\boxed{0.75}$"], answer=["\\\\frac34", "0.7"])
@@ -269,7 +274,7 @@ class MathVerifier:
         if not region.strip():
             return 0.0
         try:
-            boxes = list(dict.fromkeys(_normalize_box(b) for b in boxed_contents(region)))
+            boxes = list(dict.fromkeys(_normalize_box(b) for b in final_boxed_contents(region)))
             boxes = [b for b in boxes if b]
             if boxes:
                 if not self.reject_hedges:
