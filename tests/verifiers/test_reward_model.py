@@ -90,7 +90,8 @@ def test_columns_must_be_aligned_with_completions():
 )
 def test_truncation_policy(policy, expected):
     rm = RewardModel({"gsm8k": GSM8KVerifier()}, timeout_s=None, on_truncated=policy)
-    out = rm(["#### 18", "so far 9 * 2 = 18"], answer=["18", "18"], truncated=[False, True])
+    # The truncated completion wrote its marker (without one it would score 0: no last-number fallback).
+    out = rm(["#### 18", "9 * 2 = 18\n#### 18\nSo she"], answer=["18", "18"], truncated=[False, True])
     assert out.rewards == expected
     assert out.per_func["gsm8k"] == [1.0, 1.0]  # the verifier's own verdict is kept for logging
 

@@ -86,6 +86,8 @@ class RolloutProducer:
         self.counters["completions"] += len(texts)
         self.counters["unscorable"] += sum(math.isnan(r) for r in rewards)
         self.counters["truncated"] += int(gen.truncated.sum())
+        self.counters["reward_timeouts"] = self.counters.get("reward_timeouts", 0) + int(
+            getattr(scored, "num_timeouts", 0) + getattr(scored, "num_batch_timeouts", 0))
         return {"generation": gen, "rows": rep_rows, "completions": texts,
                 "rewards": torch.tensor(rewards, dtype=torch.float32), "per_func": scored.per_func}
 

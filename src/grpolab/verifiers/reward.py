@@ -23,7 +23,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpolab.verifiers.timeout import CRASHED, ERROR, OK, TIMEOUT, CallResult, ProcessPool, run_in_thread
+from grpolab.verifiers.timeout import (
+    BATCH_TIMEOUT,
+    CRASHED,
+    ERROR,
+    OK,
+    TIMEOUT,
+    CallResult,
+    ProcessPool,
+    run_in_thread,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +48,10 @@ class RewardOutput:
             ``None`` (unscorable, timed out, or its worker died), or per ``on_truncated="unscorable"``.
         per_func: each function's own values, by name (before the truncation policy).
         num_unscorable: number of completions whose reward is ``None``.
-        num_timeouts: number of (function, completion) calls cut by the time limit.
+        num_timeouts: number of (function, completion) calls cut by the per-call time limit.
         num_crashed: number of calls lost because their worker process died (e.g. out of memory).
+        num_batch_timeouts: number of (function, completion) calls cut or never started because the
+            batch's time limit (``batch_timeout_s``) ran out.
     """
 
     rewards: list[float | None]
@@ -48,6 +59,7 @@ class RewardOutput:
     num_unscorable: int = 0
     num_timeouts: int = 0
     num_crashed: int = 0
+    num_batch_timeouts: int = 0
 
     def metrics(self) -> dict[str, float]:
         """Scalars to log: ``rewards/<name>/mean`` (over scorable values; NaN if none), and counts."""
@@ -57,6 +69,7 @@ class RewardOutput:
             out[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else math.nan
         out["rewards/num_unscorable"] = float(self.num_unscorable)
         out["rewards/num_timeouts"] = float(self.num_timeouts)
+        out["rewards/num_batch_timeouts"] = float(self.num_batch_timeouts)
         return out
 
 
@@ -70,8 +83,16 @@ class RewardModel:
         reward_funcs: reward functions by name (the name is used in ``rewards/<name>/mean``).
         reward_weights: weight per function name; ``None`` gives every function weight 1.0. When given,
             it must name exactly the functions in ``reward_funcs``.
-        timeout_s: time limit per (function, completion) call in seconds; ``None`` disables it (and
-            scores each function over the whole batch in one call, the fastest path).
+        timeout_s: time limit per (function, completion) call in seconds; ``None`` disables it (and, with
+            ``batch_timeout_s`` also ``None``, scores each function over the whole batch in one call, the
+            fastest path).
+        batch_timeout_s: time limit for scoring one whole batch (one call of this object), in seconds;
+            ``None`` disables it. Without it, N adversarial completions cost up to N x ``timeout_s``.
+            When it runs out, the call in progress is cut and the calls not yet run are skipped: those
+            completions score ``None`` and are counted (``num_batch_timeouts``); the others keep their
+            scores. Calls go completion by completion (all functions of completion 0, then 1, ...), so
+            a cut leaves whole completions scored. With worker processes the limit includes their
+            start-up (about 2 s each, on the first call).
         num_workers: 0 scores in this process (time limit by a watchdog thread: it cannot interrupt a
             hang inside a single C call); >= 1 scores in that many worker processes, where any hang is
             cut by killing the worker. See :mod:`grpolab.verifiers.timeout` for the costs.
@@ -82,8 +103,8 @@ class RewardModel:
 
     Raises:
         ValueError: on an empty ``reward_funcs``, a non-callable function, weights that do not name
-            exactly the functions, a negative ``num_workers``, a non-positive ``timeout_s`` or an
-            unknown ``on_truncated``.
+            exactly the functions, a negative ``num_workers``, a non-positive ``timeout_s`` or
+            ``batch_timeout_s``, or an unknown ``on_truncated``.
         TypeError: if ``num_workers >= 1`` and a function cannot be pickled (a lambda, a local class).
     """
 
@@ -94,6 +115,7 @@ class RewardModel:
         timeout_s: float | None = 10.0,
         num_workers: int = 0,
         on_truncated: str = "score",
+        batch_timeout_s: float | None = None,
     ) -> None:
         funcs = dict(reward_funcs or {})
         if not funcs:
@@ -113,8 +135,10 @@ class RewardModel:
                 )
         if num_workers < 0:
             raise ValueError(f"verifier.num_workers must be >= 0, got {num_workers}")
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"verifier.timeout_s must be > 0 or null, got {timeout_s}")
+        for key, value in (("timeout_s", timeout_s), ("batch_timeout_s", batch_timeout_s)):
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and math.isfinite(value) and value > 0):
+                raise ValueError(f"verifier.{key} must be a number > 0 or null, got {value!r}")
         if on_truncated not in TRUNCATED_POLICIES:
             raise ValueError(
                 f"verifier.on_truncated must be one of {TRUNCATED_POLICIES}, got {on_truncated!r}"
@@ -122,6 +146,7 @@ class RewardModel:
         self.reward_funcs = funcs
         self.reward_weights = weights
         self.timeout_s = timeout_s
+        self.batch_timeout_s = batch_timeout_s
         self.num_workers = num_workers
         self.on_truncated = on_truncated
         # Checks picklability now (a clear error before training); processes start on the first call.
@@ -156,7 +181,7 @@ class RewardModel:
         for key, values in columns.items():
             if len(values) != n:
                 raise ValueError(f"reward column {key!r} has {len(values)} values for {n} completions")
-        per_func, num_timeouts, num_crashed = self._score(completions, columns)
+        per_func, counts = self._score(completions, columns)
 
         truncated = columns.get("truncated")
         rewards: list[float | None] = []
@@ -178,15 +203,17 @@ class RewardModel:
             rewards=rewards,
             per_func=per_func,
             num_unscorable=sum(r is None for r in rewards),
-            num_timeouts=num_timeouts,
-            num_crashed=num_crashed,
+            num_timeouts=counts[TIMEOUT],
+            num_crashed=counts[CRASHED],
+            num_batch_timeouts=counts[BATCH_TIMEOUT],
         )
 
     def _score(
         self, completions: list[str], columns: dict[str, list]
-    ) -> tuple[dict[str, list[float | None]], int, int]:
+    ) -> tuple[dict[str, list[float | None]], dict[str, int]]:
         n = len(completions)
-        if self.timeout_s is None and self.num_workers == 0:
+        counts = {TIMEOUT: 0, CRASHED: 0, BATCH_TIMEOUT: 0}
+        if self.timeout_s is None and self.batch_timeout_s is None and self.num_workers == 0:
             per_func = {}
             for name, func in self.reward_funcs.items():
                 values = list(func(completions, **columns))
@@ -195,24 +222,25 @@ class RewardModel:
                         f"reward function {name!r} returned {len(values)} values for {n} completions"
                     )
                 per_func[name] = values
-            return per_func, 0, 0
+            return per_func, counts
 
+        # Completion by completion, so a batch cut leaves whole completions scored.
         items = []
-        for name in self.reward_funcs:
-            for i in range(n):
-                items.append((name, ([completions[i]],), {k: [v[i]] for k, v in columns.items()}))
+        for i in range(n):
+            row = {k: [v[i]] for k, v in columns.items()}
+            for name in self.reward_funcs:
+                items.append((name, ([completions[i]],), row))
         if self._pool is not None:
-            results = self._pool.run(items)
+            results = self._pool.run(items, batch_timeout_s=self.batch_timeout_s)
         else:
-            results = run_in_thread(self.reward_funcs, items, self.timeout_s)
+            results = run_in_thread(self.reward_funcs, items, self.timeout_s, self.batch_timeout_s)
 
         per_func: dict[str, list[float | None]] = {name: [] for name in self.reward_funcs}
-        num_timeouts = num_crashed = 0
         for (name, _, _), res in zip(items, results, strict=True):
             per_func[name].append(self._value(name, len(per_func[name]), res))
-            num_timeouts += res.status == TIMEOUT
-            num_crashed += res.status == CRASHED
-        return per_func, num_timeouts, num_crashed
+            if res.status in counts:
+                counts[res.status] += 1
+        return per_func, counts
 
     @staticmethod
     def _value(name: str, index: int, res: CallResult) -> float | None:
@@ -223,7 +251,7 @@ class RewardModel:
             return values[0]
         if res.status == ERROR:
             raise RuntimeError(f"reward function {name!r} raised on completion {index}:\n{res.value}")
-        return None  # timeout or crashed worker: unscorable, counted
+        return None  # timeout (per call or batch) or crashed worker: unscorable, counted
 
     # ------------------------------------------------------------------------------------ gold checks
     def unscorable_golds(self, answers: Sequence[str]) -> list[int]:
@@ -289,5 +317,6 @@ class RewardModel:
     def __repr__(self) -> str:
         return (
             f"RewardModel(funcs={self.names}, weights={self.reward_weights}, timeout_s={self.timeout_s}, "
+            f"batch_timeout_s={self.batch_timeout_s}, "
             f"num_workers={self.num_workers}, on_truncated={self.on_truncated!r})"
         )

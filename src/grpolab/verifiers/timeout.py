@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+import math
 import os
 import pickle
 import queue
@@ -48,6 +49,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 OK, ERROR, TIMEOUT, CRASHED = "ok", "error", "timeout", "crashed"
+BATCH_TIMEOUT = "batch_timeout"  # not scored because the whole batch ran out of time
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ class CallResult:
 
     Attributes:
         status: ``"ok"`` (``value`` holds the return value), ``"error"`` (the call raised; ``value`` holds
-            the formatted traceback), ``"timeout"`` (cut after the time limit) or ``"crashed"`` (its worker
+            the formatted traceback), ``"timeout"`` (cut after the per-call time limit), ``"batch_timeout"``
+            (cut or never started because the batch's time limit ran out) or ``"crashed"`` (its worker
             process died, e.g. killed for memory; ``value`` holds the exit code).
         value: see ``status``.
     """
@@ -88,8 +91,14 @@ def _raise_in_thread(thread: threading.Thread, exc_type: type[BaseException]) ->
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))
 
 
-def run_in_thread(funcs: dict[str, Callable], items: Sequence[Item], timeout_s: float) -> list[CallResult]:
-    """Run ``items`` in order in a helper thread, cutting any item that runs over ``timeout_s``.
+def run_in_thread(
+    funcs: dict[str, Callable],
+    items: Sequence[Item],
+    timeout_s: float | None,
+    batch_timeout_s: float | None = None,
+) -> list[CallResult]:
+    """Run ``items`` in order in a helper thread, cutting any item that runs over ``timeout_s``, and
+    everything still running or waiting when ``batch_timeout_s`` has passed since the call began.
 
     Safe to call from any thread and from worker processes (no signals). See the module docstring for
     what cannot be interrupted this way.
@@ -97,17 +106,24 @@ def run_in_thread(funcs: dict[str, Callable], items: Sequence[Item], timeout_s: 
     Args:
         funcs: the functions, by name.
         items: ``(name, args, kwargs)`` tuples.
-        timeout_s: time limit per item, in seconds (> 0).
+        timeout_s: time limit per item, in seconds (> 0), or ``None`` for none.
+        batch_timeout_s: time limit for all of ``items`` together, in seconds (> 0), or ``None``.
 
     Returns:
-        One :class:`CallResult` per item, in order.
+        One :class:`CallResult` per item, in order; ``"batch_timeout"`` for every item cut or never
+        started because the batch limit ran out.
 
     Raises:
-        ValueError: if ``timeout_s`` is not positive.
+        ValueError: if a limit is not positive, or both are ``None``.
     """
-    if not timeout_s or timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if timeout_s is None and batch_timeout_s is None:
+        raise ValueError("run_in_thread needs timeout_s or batch_timeout_s")
+    for name, value in (("timeout_s", timeout_s), ("batch_timeout_s", batch_timeout_s)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
     results: list[CallResult | None] = [None] * len(items)
+    batch_deadline = math.inf if batch_timeout_s is None else time.monotonic() + batch_timeout_s
+    per_call = math.inf if timeout_s is None else timeout_s
     start = 0
     while start < len(items):
         out: queue.SimpleQueue = queue.SimpleQueue()
@@ -125,18 +141,39 @@ def run_in_thread(funcs: dict[str, Callable], items: Sequence[Item], timeout_s: 
         thread = threading.Thread(target=work, args=(start,), name="grpolab-reward", daemon=True)
         thread.start()
         while start < len(items):
+            left = batch_deadline - time.monotonic()
+            wait = min(per_call, left)
             try:
-                i, res = out.get(timeout=timeout_s)
+                if wait <= 0:
+                    raise queue.Empty
+                i, res = out.get(timeout=wait)
             except queue.Empty:
                 cancelled.set()
                 _raise_in_thread(thread, _Abandoned)
-                log.warning("reward call %d cut after %.1f s (thread watchdog)", start, timeout_s)
-                results[start] = CallResult(TIMEOUT)
-                start += 1
-                break
+                if per_call < left:
+                    log.warning("reward call %d cut after %.1f s (thread watchdog)", start, timeout_s)
+                    results[start] = CallResult(TIMEOUT)
+                    start += 1
+                    break
+                _cut_batch(results, batch_timeout_s)
+                return results  # type: ignore[return-value]
             results[i] = res
             start = i + 1
     return results  # type: ignore[return-value]
+
+
+def _cut_batch(results: list[CallResult | None], batch_timeout_s: float | None) -> None:
+    """Mark every item without a result as cut by the batch time limit, and say how many."""
+    missing = [i for i, r in enumerate(results) if r is None]
+    for i in missing:
+        results[i] = CallResult(BATCH_TIMEOUT)
+    log.warning(
+        "reward batch: %d of %d calls not scored within the batch time limit of %.1f s "
+        "(verifier.batch_timeout_s); they score None",
+        len(missing),
+        len(results),
+        batch_timeout_s,
+    )
 
 
 # ------------------------------------------------------------------------------------ worker processes
@@ -301,11 +338,14 @@ class ProcessPool:
         self._workers[self._workers.index(w)] = _Worker(self._payload)
         self.num_restarts += 1
 
-    def run(self, items: Sequence[Item]) -> list[CallResult]:
+    def run(self, items: Sequence[Item], batch_timeout_s: float | None = None) -> list[CallResult]:
         """Run ``items`` on the workers; a call over the time limit gets ``CallResult("timeout")``.
 
         Args:
             items: ``(name, args, kwargs)`` tuples; args and kwargs must be picklable.
+            batch_timeout_s: time limit for all of ``items`` together (worker start-up included), or
+                ``None``. When it runs out, busy workers are killed and replaced, and every item without a
+                result gets ``CallResult("batch_timeout")``.
 
         Returns:
             One :class:`CallResult` per item, in order.
@@ -314,13 +354,16 @@ class ProcessPool:
             RuntimeError: if a worker dies or hangs while starting (e.g. the functions cannot be imported
                 in a fresh interpreter).
         """
+        if batch_timeout_s is not None and batch_timeout_s <= 0:
+            raise ValueError(f"batch_timeout_s must be > 0 or None, got {batch_timeout_s}")
         with self._lock:
-            return self._run(items)
+            return self._run(items, batch_timeout_s)
 
-    def _run(self, items: Sequence[Item]) -> list[CallResult]:
+    def _run(self, items: Sequence[Item], batch_timeout_s: float | None = None) -> list[CallResult]:
         n = len(items)
         if n == 0:
             return []
+        batch_deadline = math.inf if batch_timeout_s is None else time.monotonic() + batch_timeout_s
         results: list[CallResult | None] = [None] * n
         pending = collections.deque(range(n))
         chunk = max(1, min(32, n // (self.num_workers * 4)))
@@ -338,8 +381,16 @@ class ProcessPool:
                         _write_frame(w.wfd, ("items", [(i, items[i]) for i in take]))
                     except OSError:  # the worker died between calls; its items are requeued below
                         w.reader.eof = True
+            if time.monotonic() >= batch_deadline:
+                for w in list(self._workers):
+                    if w.state == "busy":  # mid-item: only a kill stops it
+                        w.kill()
+                        w.outstanding.clear()
+                        self._replace(w)
+                _cut_batch(results, batch_timeout_s)
+                return results  # type: ignore[return-value]
             active = [w for w in self._workers if w.state != "idle"]
-            deadline = min(self._deadline(w) for w in active)
+            deadline = min(min(self._deadline(w) for w in active), batch_deadline)
             # Complete frames are always popped right after a read, so waiting on the pipes is enough.
             # poll, not select: select fails on descriptors >= 1024, common in a busy training process.
             wait = None if deadline == float("inf") else max(0.0, deadline - time.monotonic()) * 1000
