@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
+import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from grpolab.algo.losses import LossConfig
+from grpolab.validation import simple_types, type_error
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,13 @@ class GRPOConfig:
     max_grad_norm: float | None = 1.0
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):  # types first (algo.temperature=abc, =inf), so the checks below can compare
+            allowed = simple_types(hints[f.name])
+            msg = type_error(f"algo.{f.name}", getattr(self, f.name), allowed) if allowed else None
+            if msg:
+                raise ValueError(msg)
+
         def need(ok: bool, key: str, what: str) -> None:
             if not ok:
                 raise ValueError(f"algo.{key} {what}, got {getattr(self, key)!r}")

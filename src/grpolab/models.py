@@ -109,6 +109,29 @@ def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
     return freeze(copy.deepcopy(policy))
 
 
+def _check_local_folder(key: str, value: str | None, always_local: bool = False) -> None:
+    """Refuse a local folder that does not exist, naming the key, before transformers reads it as a hub id.
+
+    ``value`` is taken as local when ``always_local`` or when it looks like a path (absolute, ``./``,
+    ``../``, ``~``); a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct`` is left to transformers.
+
+    Raises:
+        FileNotFoundError: if the folder does not exist, or is a file.
+    """
+    if not value:
+        return
+    text = str(value)
+    looks_local = always_local or text.startswith(("/", "./", "../", "~")) or Path(text).expanduser().exists()
+    if not looks_local:
+        return
+    folder = Path(text).expanduser()
+    if not folder.exists():
+        raise FileNotFoundError(f"{key}={text}: the folder does not exist (resolved from the working directory "
+                                f"{Path.cwd()})")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{key}={text}: not a folder (give the Hugging Face model folder, not a file)")
+
+
 class PretrainedModel:
     """A Hugging Face causal LM, from the hub (``name_or_path``) or a local folder (``path``).
 
@@ -134,6 +157,9 @@ class PretrainedModel:
     ) -> None:
         if not (name_or_path or path):
             raise ValueError("model.name_or_path or model.path must be set")
+        _check_local_folder("model.path", path, always_local=True)
+        _check_local_folder("model.tokenizer_path", tokenizer_path)
+        _check_local_folder("model.name_or_path", name_or_path)
         _dtype(dtype)
         self.name_or_path = name_or_path
         self.path = path

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.config import GRPOConfig
 from grpolab.module import GRPOModule
 from grpolab.rollout.datamodule import RolloutDataModule
+from grpolab.validation import check_checkpoint, check_types
 
 log = logging.getLogger("grpolab")
 
@@ -54,6 +55,9 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the settings, then instantiate task, verifier, model spec, module, data module, trainer."""
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
+    check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc), before any model
+    if cfg.get("ckpt_path"):
+        check_checkpoint(cfg.ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")

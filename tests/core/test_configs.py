@@ -61,5 +61,6 @@ def test_model_specs_are_lightweight(tmp_path):
         cfg = compose_train_cfg(tmp_path, [f"model={option}"])
         spec = instantiate(cfg.model)
         assert spec.source == cfg.model.name_or_path and spec.dtype == "bfloat16"
+    (tmp_path / "local").mkdir()  # a missing model.path folder is an error at instantiation (issue 9)
     cfg = compose_train_cfg(tmp_path, ["model=qwen0.5b", f"model.path={tmp_path / 'local'}"])
     assert instantiate(cfg.model).source == str(Path(tmp_path / "local"))

@@ -96,9 +96,9 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
     """
     policy = spec.load_policy(task)
     if cfg.get("ckpt_path"):
-        path = Path(cfg.ckpt_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"ckpt_path not found: {path}")
+        from grpolab.validation import check_checkpoint
+
+        path = check_checkpoint(cfg.ckpt_path)  # missing, empty or truncated: an error naming the path
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         if "state_dict" not in ckpt:
             raise KeyError(f"{path}: not a Lightning checkpoint (no 'state_dict'; keys: {sorted(ckpt)[:8]})")

@@ -59,8 +59,11 @@ class RolloutProducer:
         return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or 0,
                               max_new_tokens=c.max_completion_length, do_sample=not greedy)
 
-    def sample(self, policy: Any, rows: list[dict], num_generations: int, greedy: bool = False) -> dict[str, Any]:
+    def sample(self, policy: Any, rows: list[dict], num_generations: int, greedy: bool = False,
+               step: int | None = None) -> dict[str, Any]:
         """Generate ``num_generations`` completions per row and score them (rows stay grouped, row-major).
+
+        ``step`` (the optimizer step, when training) is named in errors.
 
         Returns:
             dict with ``generation`` (:class:`~grpolab.rollout.engine.Generation`), ``rows`` (each input row
@@ -79,8 +82,9 @@ class RolloutProducer:
         rewards = [math.nan if v is None else float(v) for v in scored.rewards]
         for i, (v, raw) in enumerate(zip(rewards, scored.rewards)):
             if raw is not None and not math.isfinite(v):  # None is the only way to say "unscorable"
-                raise ValueError(f"reward of completion {i} (prompt {rep_rows[i]['uid']!r}) is {raw}: verifiers "
-                                 f"must return a finite float or None")
+                where = "" if step is None else f"step {step}: "
+                raise ValueError(f"{where}reward of completion {i} (prompt {rep_rows[i]['uid']!r}) is {raw}: "
+                                 f"verifiers must return a finite float or None")
         if self.cfg.truncated_reward is not None:  # explicit policy for completions that never stopped (#14)
             rewards = [self.cfg.truncated_reward if t else r for r, t in zip(rewards, gen.truncated.tolist())]
         self.counters["completions"] += len(texts)
@@ -99,7 +103,7 @@ class RolloutProducer:
         the ``j``-th slice. All completions are sampled by the current ``policy`` (the sampler alpha).
         """
         c = self.cfg
-        s = self.sample(policy, rows, c.num_generations)
+        s = self.sample(policy, rows, c.num_generations, step=policy_version)
         gen, n_per = s["generation"], c.per_device_train_batch_size
         uids = [r["uid"] for r in s["rows"]]
         ids_of = {u: i for i, u in enumerate(dict.fromkeys(uids))}

@@ -61,8 +61,9 @@ def read_local(path: str | Path) -> list[Record]:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; use one of {LOCAL_SUFFIXES}")
     records: list[Record] = []
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
+        with path.open("rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                line = _decode_line(raw, path, lineno)
                 if not line.strip():
                     continue
                 try:
@@ -77,11 +78,17 @@ def read_local(path: str | Path) -> list[Record]:
                     )
                 records.append(obj)
     elif suffix == ".json":
-        with path.open(encoding="utf-8") as f:
-            try:
-                obj = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON: {e}") from e
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            lineno = data.count(b"\n", 0, e.start) + 1
+            _decode_line(data.splitlines()[lineno - 1], path, lineno)
+            raise  # pragma: no cover - _decode_line raises for the same bytes
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON: {e}") from e
         if isinstance(obj, dict) and isinstance(obj.get("data"), list):
             obj = obj["data"]
         if not isinstance(obj, list):
@@ -99,6 +106,18 @@ def read_local(path: str | Path) -> list[Record]:
     if not records:
         raise ValueError(f"{path}: the file has no rows")
     return records
+
+
+def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+    """One line of a data file as text; a line that is not UTF-8 is an error naming the file and line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        snippet = raw[max(0, e.start - 20) : e.start + 20]
+        raise ValueError(
+            f"{path}: line {lineno} is not valid UTF-8 (byte {e.start + 1} of the line, near {snippet!r}); "
+            "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 def load_hub(hub_id: str, config: str | None, split: str) -> list[Record]:
