@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.config import GRPOConfig
 from grpolab.module import GRPOModule
 from grpolab.rollout.datamodule import RolloutDataModule
+from grpolab.rollout.prompt_lengths import setup_prompt_limit
 from grpolab.validation import check_checkpoint, check_types
 
 log = logging.getLogger("grpolab")
@@ -66,6 +67,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
                         lr_scheduler=instantiate(cfg.algo.lr_scheduler) if cfg.algo.get("lr_scheduler") else None,
                         task=task, val_num_generations=cfg.val.num_generations)
     tokenizer = module.tokenizer
+    setup_prompt_limit(algo, model_spec, task, tokenizer)  # every row of every split, before the first step
     engine = _build(cfg, "rollout", stop_token_ids=model_spec.stop_token_ids(tokenizer),
                     pad_token_id=tokenizer.pad_token_id)
     datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size)
