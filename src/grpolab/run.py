@@ -57,6 +57,9 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the settings, then instantiate task, verifier, model spec, module, data module, trainer."""
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
     check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc), before any model
+    drop = cfg.get("resume_drop_buffer", False)
+    if not isinstance(drop, bool):
+        raise ValueError(f"resume_drop_buffer must be true or false, got {drop!r}")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
@@ -70,7 +73,8 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     setup_prompt_limit(algo, model_spec, task, tokenizer)  # every row of every split, before the first step
     engine = _build(cfg, "rollout", stop_token_ids=model_spec.stop_token_ids(tokenizer),
                     pad_token_id=tokenizer.pad_token_id)
-    datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size)
+    datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size,
+                                   resume_drop_buffer=bool(cfg.get("resume_drop_buffer", False)))
     datamodule.connect(module)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]

@@ -11,6 +11,7 @@ minibatch serves ``num_iterations`` consecutive steps.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,9 @@ from grpolab.errors import NonFiniteLossError
 from grpolab.rollout.buffer import Minibatch, PromptSampler
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
+from grpolab.rollout.resume import buffer_settings, changed_buffer_settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,12 +59,14 @@ class RolloutDataModule(L.LightningDataModule):
         cfg: validated :class:`~grpolab.config.GRPOConfig`.
         seed: seeds the prompt order and the sampling RNG of each refresh.
         val_batch_size: held-out prompts per validation batch.
+        resume_drop_buffer: on resume with settings that shape the rollout buffer changed (see
+            :data:`BUFFER_SETTINGS`), drop the saved buffer and sample a new one instead of refusing.
 
     Call :meth:`connect` with the :class:`~grpolab.module.GRPOModule` before ``trainer.fit``.
     """
 
     def __init__(self, task: Any, reward_model: Any, engine: GenerationEngine, cfg: GRPOConfig, seed: int = 0,
-                 val_batch_size: int = 64) -> None:
+                 val_batch_size: int = 64, resume_drop_buffer: bool = False) -> None:
         super().__init__()
         self.task = task
         self.reward_model = reward_model
@@ -68,6 +74,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.cfg = cfg
         self.seed = seed
         self.val_batch_size = val_batch_size
+        self.resume_drop_buffer = resume_drop_buffer
         self.module: Any = None
         self.producer: RolloutProducer | None = None
         self.sampler: PromptSampler | None = None
@@ -163,15 +170,26 @@ class RolloutDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict() if self.sampler else None, "buffer": [mb.to_dict() for mb in self.buffer],
                 "position": self.position, "rounds": self.rounds, "time_rollout_s": self.time_rollout_s,
-                "counters": dict(self.producer.counters) if self.producer else {}}
+                "counters": dict(self.producer.counters) if self.producer else {},
+                "settings": buffer_settings(self.cfg)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.sampler is None:
             self.sampler = PromptSampler(len(self.task.splits()["train"]), self.seed)
         if state.get("sampler"):
             self.sampler.load_state_dict(state["sampler"])
-        self.buffer = [Minibatch.from_dict(d) for d in state["buffer"]]
-        self.position = state["position"]
+        changed = changed_buffer_settings(state.get("settings"), self.cfg)
+        if changed and not self.resume_drop_buffer:
+            raise ValueError(
+                "resuming with settings that shape the saved rollout buffer changed: " + ", ".join(changed)
+                + ". Resume with the checkpoint's values, or pass resume_drop_buffer=true to drop the saved buffer "
+                "and sample a new one with the new settings"
+            )
+        if changed:
+            log.warning("resume_drop_buffer=true: dropping the saved rollout buffer (%s); the next step samples "
+                        "a new one", ", ".join(changed))
+        self.buffer = [] if changed else [Minibatch.from_dict(d) for d in state["buffer"]]
+        self.position = 0 if changed else state["position"]
         self.rounds = state["rounds"]
         self.time_rollout_s = state.get("time_rollout_s", 0.0)
         if self.producer is not None:
