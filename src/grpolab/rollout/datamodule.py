@@ -102,6 +102,15 @@ class RolloutDataModule(L.LightningDataModule):
                 splits[name][:] = kept
                 self.skipped_rows[name] = skipped
             self._filtered = True
+        _, world = self._rank_world()
+        need = self.cfg.prompts_per_step * world
+        if len(splits["train"]) < need:
+            raise ValueError(
+                f"{self.task.name}: the training split has {len(splits['train'])} usable rows, fewer than the "
+                f"{need} distinct prompts one step needs (algo.per_device_train_batch_size="
+                f"{self.cfg.per_device_train_batch_size} / algo.num_generations={self.cfg.num_generations}"
+                + (f" x {world} processes" if world > 1 else "") + "); add rows, lower data.val_size / "
+                "data.test_size, or lower algo.per_device_train_batch_size")
         if self.sampler is None:
             self.sampler = PromptSampler(len(splits["train"]), self.seed)
         if not splits["val"]:

@@ -106,8 +106,12 @@ class RolloutProducer:
         s = self.sample(policy, rows, c.num_generations, step=policy_version)
         gen, n_per = s["generation"], c.per_device_train_batch_size
         uids = [r["uid"] for r in s["rows"]]
-        ids_of = {u: i for i, u in enumerate(dict.fromkeys(uids))}
-        group_ids = torch.tensor([ids_of[u] for u in uids], dtype=torch.long)
+        # One group per drawn prompt: sample() repeats rows[k] num_generations times in order, so a prompt
+        # drawn twice (a small dataset crossing an epoch) makes two groups of G, never one of 2G.
+        draw = [k for k in range(len(rows)) for _ in range(c.num_generations)]
+        if [rows[k]["uid"] for k in draw] != uids:
+            raise RuntimeError("rollout rows are out of order with their prompts")  # pragma: no cover
+        group_ids = torch.tensor(draw, dtype=torch.long)
         minibatches = []
         for j in range(c.steps_per_generation):
             sl = slice(j * n_per, (j + 1) * n_per)
