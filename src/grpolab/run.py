@@ -15,8 +15,10 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
 from grpolab.module import GRPOModule
 from grpolab.rollout.datamodule import RolloutDataModule
@@ -77,6 +79,9 @@ def build(cfg: DictConfig) -> dict[str, Any]:
                                    resume_drop_buffer=bool(cfg.get("resume_drop_buffer", False)))
     datamodule.connect(module)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
+    if OmegaConf.select(cfg, "trainer.enable_progress_bar") is False:  # Lightning refuses a bar callback then
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    silence_expected_lightning_warnings()
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
     trainer = _build(cfg, "trainer", callbacks=callbacks, logger=loggers)
     return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer}
