@@ -24,6 +24,7 @@ BUFFER_SETTINGS = (
     "mask_zero_std_groups",
     "mask_truncated_completions",
     "truncated_reward",
+    "zero_std_threshold",
     "beta",
 )
 
