@@ -14,12 +14,13 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grpolab.config import GRPOConfig
 from grpolab.module import GRPOModule
 from grpolab.rollout.datamodule import RolloutDataModule
+from grpolab.rollout.settings import RolloutSettings, split_rollout_config
 
 log = logging.getLogger("grpolab")
 
@@ -51,9 +52,18 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
     return wrapped
 
 
+def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any], RolloutSettings]:
+    """Split ``cfg.rollout`` into the engine's constructor arguments and the validated schedule settings
+    (conf/rollout/base.yaml); raises ``ValueError`` naming ``rollout.<key>`` before any model is built."""
+    engine_args, settings = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
+    owns = bool(getattr(get_class(engine_args["_target_"]), "owns_weights", False))
+    return engine_args, settings.validate(algo, owns)
+
+
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the settings, then instantiate task, verifier, model spec, module, data module, trainer."""
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
+    engine_args, settings = rollout_settings(cfg, algo)
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")
@@ -62,9 +72,11 @@ def build(cfg: DictConfig) -> dict[str, Any]:
                         lr_scheduler=instantiate(cfg.algo.lr_scheduler) if cfg.algo.get("lr_scheduler") else None,
                         task=task, val_num_generations=cfg.val.num_generations)
     tokenizer = module.tokenizer
-    engine = _build(cfg, "rollout", stop_token_ids=model_spec.stop_token_ids(tokenizer),
-                    pad_token_id=tokenizer.pad_token_id)
-    datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size)
+    log.info("instantiating rollout <%s> (%s)", engine_args["_target_"], settings)
+    engine = instantiate(engine_args, stop_token_ids=model_spec.stop_token_ids(tokenizer),
+                         pad_token_id=tokenizer.pad_token_id)
+    datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size,
+                                   rollout=settings)
     datamodule.connect(module)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
@@ -104,6 +116,9 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "val_history": hist,
         "steps": int(module.global_step),
         "sampler_refreshes": int(dm.rounds),
+        "weight_syncs": int(dm.weight_syncs),
+        "time_weight_sync_s": round(dm.time_weight_sync_s, 4),
+        "async_generation": dm.settings.async_generation,
         "time_total_s": round(total_s, 2),
         "time_rollout_s": round(dm.time_rollout_s, 2),
         "time_train_s": round(module.time_train_s, 2),
