@@ -19,7 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.config import GRPOConfig
 from grpolab.module import GRPOModule
+from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 from grpolab.rollout.datamodule import RolloutDataModule
+from grpolab.rollout.engine import HFGenerationEngine
 from grpolab.rollout.settings import RolloutSettings, split_rollout_config
 
 log = logging.getLogger("grpolab")
@@ -54,10 +56,15 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
 
 def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any], RolloutSettings]:
     """Split ``cfg.rollout`` into the engine's constructor arguments and the validated schedule settings
-    (conf/rollout/base.yaml); raises ``ValueError`` naming ``rollout.<key>`` before any model is built."""
+    (conf/rollout/base.yaml); raises ``ValueError`` naming ``rollout.<key>`` before any model is built.
+    ``rollout.async_generation=true`` with the in-place HF engine switches to its copy-owning variant."""
     engine_args, settings = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
-    owns = bool(getattr(get_class(engine_args["_target_"]), "owns_weights", False))
-    return engine_args, settings.validate(algo, owns)
+    engine_cls = get_class(engine_args["_target_"])
+    if settings.async_generation and engine_cls is HFGenerationEngine:  # async implies a sampler with own weights
+        log.info("rollout.async_generation=true: sampling from a copy of the policy (rollout=hf_copy)")
+        engine_args["_target_"] = f"{HFSamplerCopyEngine.__module__}.{HFSamplerCopyEngine.__qualname__}"
+        engine_cls = HFSamplerCopyEngine
+    return engine_args, settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)))
 
 
 def build(cfg: DictConfig) -> dict[str, Any]:

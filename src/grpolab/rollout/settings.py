@@ -42,7 +42,7 @@ class RolloutSettings:
             raise ValueError(f"rollout.async_generation must be true or false, got {self.async_generation!r}")
         if self.async_generation and not owns_weights:
             raise ValueError("rollout.async_generation=true needs an engine that owns its sampler weights (the "
-                             "in-place engine would sample from the policy while it trains): use rollout=hf_copy")
+                             "in-place engine would sample from the policy while it trains), e.g. rollout=hf_copy")
         per_buffer = algo.steps_per_generation * algo.num_iterations
         if self.max_lag is not None:
             if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < per_buffer - 1:
