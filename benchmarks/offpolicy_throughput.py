@@ -11,7 +11,8 @@ reasoning completions. Each arm is the real CLI (`python src/train.py ...`) in i
 benchmarks/results/offpolicy_throughput/<timestamp>/<arm>/; numbers come from its metrics.csv and summary.json:
 
 * steps/s: optimizer steps per second from the fit start to the end of the last step (all steps), and in the
-  steady state (the steps after the first k, which every arm has to sample synchronously);
+  steady state (from the end of step k-1: the first buffer, which every arm samples synchronously, is left out);
+  use a number of steps that is a multiple of 10;
 * weight sync: pushes to the sampler (`weight_syncs`) and their mean time (`train/time/weight_sync`);
 * rollout s: time the trainer spent waiting for rollouts (with async, only the part not hidden by training).
 
@@ -69,14 +70,16 @@ def measure(run_dir: Path, k: int) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     m = pd.read_csv(run_dir / "metrics.csv").dropna(subset=["train/loss"]).reset_index(drop=True)
     elapsed = m["train/time/elapsed"]
-    steady = m[m["step"] >= k]
+    # steady state: from the end of step k-1 (the first buffer, sampled synchronously by every arm) to the end,
+    # so the window holds whole buffers, refreshes included
+    steady = m[m["step"] >= k - 1]
     steady_rate = (len(steady) - 1) / (steady["train/time/elapsed"].iloc[-1] - steady["train/time/elapsed"].iloc[0]) \
         if len(steady) > 1 else float("nan")
     syncs = m["train/time/weight_sync"][m["train/time/weight_sync"] > 0]
     return {"steps": len(m), "steps_per_s": len(m) / elapsed.iloc[-1], "steady_steps_per_s": steady_rate,
             "weight_syncs": summary["weight_syncs"], "sync_ms": 1000 * float(syncs.mean()) if len(syncs) else 0.0,
             "rollout_s": summary["time_rollout_s"], "train_s": summary["time_train_s"],
-            "lag_max": int(m["train/lag/max"].iloc[-1])}
+            "lag_max": int(m["train/lag/max"].iloc[-1]), "mean_length": float(m["train/completions/mean_length"].mean())}
 
 
 def main() -> None:
@@ -86,7 +89,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per arm")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (TorchThreads callback; async splits the cores itself)")
-    parser.add_argument("--quick", action="store_true", help="tiny model, 8 completions of 8 tokens, 6 steps")
+    parser.add_argument("--quick", action="store_true", help="tiny model, 16 completions of up to 8 tokens, 6 steps")
     parser.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every arm")
     args = parser.parse_args()
     steps = 6 if args.quick else args.steps
@@ -100,14 +103,16 @@ def main() -> None:
         subprocess.run(cmd, cwd=ROOT, check=True)
         k = 1 if arm == "k1" else (2 if args.quick else 10)
         rows[arm] = measure(run_dir, k)
-    base = rows.get("k1", {}).get("steps_per_s")
+    base = rows.get("k1", {})
     print(f"\nengine={args.engine} threads={args.threads} steps={steps} (results in {out})")
-    print(f"{'arm':10s} {'steps/s':>8s} {'steady':>8s} {'x k1':>6s} {'syncs':>6s} {'sync ms':>8s} {'rollout s':>9s} "
-          f"{'train s':>8s} {'lag max':>7s}")
+    print(f"{'arm':10s} {'steps/s':>8s} {'x k1':>6s} {'steady':>8s} {'x k1':>6s} {'syncs':>6s} {'sync ms':>8s} "
+          f"{'rollout s':>9s} {'train s':>8s} {'lag max':>7s} {'mean len':>8s}")
     for arm, r in rows.items():
-        speedup = r["steps_per_s"] / base if base else float("nan")
-        print(f"{arm:10s} {r['steps_per_s']:8.3f} {r['steady_steps_per_s']:8.3f} {speedup:6.2f} {r['weight_syncs']:6d} "
-              f"{r['sync_ms']:8.2f} {r['rollout_s']:9.1f} {r['train_s']:8.1f} {r['lag_max']:7d}")
+        x_all = r["steps_per_s"] / base["steps_per_s"] if base else float("nan")
+        x_steady = r["steady_steps_per_s"] / base["steady_steps_per_s"] if base else float("nan")
+        print(f"{arm:10s} {r['steps_per_s']:8.3f} {x_all:6.2f} {r['steady_steps_per_s']:8.3f} {x_steady:6.2f} "
+              f"{r['weight_syncs']:6d} {r['sync_ms']:8.2f} {r['rollout_s']:9.1f} {r['train_s']:8.1f} {r['lag_max']:7d} "
+              f"{r['mean_length']:8.1f}")
     (out / "results.json").write_text(json.dumps(rows, indent=2))
 
 
