@@ -126,6 +126,7 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "weight_syncs": int(dm.weight_syncs),
         "time_weight_sync_s": round(dm.time_weight_sync_s, 4),
         "async_generation": dm.settings.async_generation,
+        "time_generation_s": round(dm.time_generation_s, 2),
         "time_total_s": round(total_s, 2),
         "time_rollout_s": round(dm.time_rollout_s, 2),
         "time_train_s": round(module.time_train_s, 2),

@@ -80,12 +80,14 @@ def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path):
               "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
               "callbacks.model_checkpoint.filename='step{step}'", "algo.truncated_reward=-1.0",
               "algo.learning_rate=1e-3"]
-    _, full = _run(tmp_path / "full", *common)
+    full_summary, full = _run(tmp_path / "full", *common)
     ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
     state = torch.load(ckpt, weights_only=False)["RolloutDataModule"]
     assert state["in_flight"]["round"] == 2 and state["in_flight"]["policy_version"] == 3
     summary, resumed = _run(tmp_path / "resumed", *common, f"ckpt_path={ckpt}")
     assert summary["steps"] == 8 and summary["sampler_refreshes"] == 3
+    # the regenerated buffer is counted once
+    assert (summary["completions"], summary["weight_syncs"]) == (full_summary["completions"], full_summary["weight_syncs"])
     assert _same_weights(tmp_path / "full", tmp_path / "resumed")
     cols = ["train/lag", "train/reward", "train/loss"]
     pd.testing.assert_frame_equal(full[cols].iloc[4:].reset_index(drop=True), resumed[cols])

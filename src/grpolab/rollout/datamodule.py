@@ -88,6 +88,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.settings = (rollout or RolloutSettings()).validate(cfg, getattr(engine, "owns_weights", False))
         self.weight_syncs = 0  # engine.sync_weights calls
         self.time_weight_sync_s = 0.0
+        self.time_generation_s = 0.0  # async: the background sampler's busy time (buffers handed over)
         self.sampler_version: int | None = None  # the optimizer step whose weights the sampler holds
         self._sync_time_step = 0.0  # push time in the coming step (read by the module's step log)
         self._pending: BackgroundJob | None = None  # async: the next buffer, in flight
@@ -233,9 +234,12 @@ class RolloutDataModule(L.LightningDataModule):
         # Its own generator: the trainer uses torch's global RNG at the same time.
         generator = torch.Generator().manual_seed(self._round_seed(spec["round"]))
         policy = self._sampler_policy()
+        # Its own counters, added when the buffer is handed over: a buffer regenerated after a resume counts once.
+        producer = self.producer.with_engine(self.engine, own_counters=True)
 
-        def produce() -> list[Minibatch]:
-            return self.producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator)
+        def produce() -> tuple[list[Minibatch], dict[str, int]]:
+            return producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator), \
+                producer.counters
 
         self._pending_spec = spec
         self._pending = BackgroundJob(produce, f"rollout buffer {spec['round']}")
@@ -253,7 +257,9 @@ class RolloutDataModule(L.LightningDataModule):
         if self._pending is None:  # the first buffer (or no overlap: push delay = a whole buffer)
             self._launch(step)
         job, self._pending, self._pending_spec = self._pending, None, None
-        self.buffer = job.result(self.settings.generation_timeout_s, step)
+        self.buffer, counters = job.result(self.settings.generation_timeout_s, step)
+        self.producer.add_counts(counters)
+        self.time_generation_s += job.finished - job.started
         self.producer.add_reference_logp(self.buffer, self.module.reference)  # reference as of this step
         self.rounds += 1
         self.position = 0
@@ -276,7 +282,7 @@ class RolloutDataModule(L.LightningDataModule):
                 "position": self.position, "rounds": self.rounds, "time_rollout_s": self.time_rollout_s,
                 "counters": dict(self.producer.counters) if self.producer else {},
                 "weight_syncs": self.weight_syncs, "time_weight_sync_s": self.time_weight_sync_s,
-                "sampler_version": self.sampler_version, "in_flight": self._in_flight_state()}
+                "time_generation_s": self.time_generation_s, "sampler_version": self.sampler_version, "in_flight": self._in_flight_state()}
 
     def _in_flight_state(self) -> dict[str, Any] | None:
         """The buffer being generated: what regenerates it on resume (prompts, round = RNG seed, weights)."""
@@ -297,6 +303,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.time_rollout_s = state.get("time_rollout_s", 0.0)
         self.weight_syncs = state.get("weight_syncs", self.rounds)
         self.time_weight_sync_s = state.get("time_weight_sync_s", 0.0)
+        self.time_generation_s = state.get("time_generation_s", 0.0)
         self.sampler_version = state.get("sampler_version")
         self._restore = state.get("in_flight")
         if self._restore is not None and not self.settings.async_generation:

@@ -57,11 +57,21 @@ class RolloutProducer:
         self.counters = {"unscorable": 0, "truncated": 0, "completions": 0}
         self._lock = threading.Lock()  # a background sampler and validation may both count
 
-    def with_engine(self, engine: GenerationEngine) -> RolloutProducer:
-        """A producer that samples with ``engine`` and shares this one's counters (e.g. for validation)."""
+    def with_engine(self, engine: GenerationEngine, own_counters: bool = False) -> RolloutProducer:
+        """A producer that samples with ``engine``; it shares this one's counters (e.g. for validation) unless
+        ``own_counters`` (a background buffer, counted by :meth:`add_counts` when it is handed over)."""
         other = copy.copy(self)
         other.engine = engine
+        if own_counters:
+            other.counters = dict.fromkeys(self.counters, 0)
+            other._lock = threading.Lock()
         return other
+
+    def add_counts(self, counters: dict[str, int]) -> None:
+        """Add another producer's counts to this one's."""
+        with self._lock:
+            for k, v in counters.items():
+                self.counters[k] = self.counters.get(k, 0) + v
 
     def sampling(self, greedy: bool = False, generator: torch.Generator | None = None) -> SamplingParams:
         c = self.cfg
