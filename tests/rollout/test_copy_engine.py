@@ -20,13 +20,18 @@ def test_explicit_generator_draws_what_the_global_rng_draws_and_leaves_it_alone(
     tok, policy, prompts = _setup(tiny_spec)
     engine = HFGenerationEngine(tiny_spec.stop_token_ids(tok), tok.pad_token_id)
     torch.manual_seed(3)
-    a = engine.generate(policy, prompts, SamplingParams(temperature=temperature, max_new_tokens=10))
+    a = engine.generate(policy, prompts, SamplingParams(temperature=temperature, max_new_tokens=10,
+                                                        return_log_probs=True))
     torch.manual_seed(11)
     before = torch.get_rng_state()
     b = engine.generate(policy, prompts, SamplingParams(temperature=temperature, max_new_tokens=10,
+                                                        return_log_probs=True,
                                                         generator=torch.Generator().manual_seed(3)))
     assert torch.equal(torch.get_rng_state(), before)  # the trainer's RNG is untouched
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    # the engine's log-probs of the drawn tokens are those of the distribution sampled from, on both paths
+    assert b.log_probs.shape == a.log_probs.shape and torch.allclose(a.log_probs, b.log_probs, atol=1e-6)
+    assert (b.log_probs[b.completion_mask] < 0).all()
 
 
 def test_copy_engine_samples_from_its_copy_until_the_next_push(tiny_spec):
