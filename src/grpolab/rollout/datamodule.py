@@ -16,6 +16,7 @@ thread from the weights pushed at the current refresh while the trainer trains o
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._pending: BackgroundJob | None = None  # async: the next buffer, in flight
         self._pending_spec: dict[str, Any] | None = None  # round, prompt indices and policy version
         self._restore: dict[str, Any] | None = None  # async: an in-flight spec from a checkpoint
+        self._bg_tokenizer: Any = None
 
     def connect(self, module: Any) -> None:
         """Attach the module that owns the live policy (its ``policy``, ``reference``, ``tokenizer``)."""
@@ -236,6 +238,9 @@ class RolloutDataModule(L.LightningDataModule):
         policy = self._sampler_policy()
         # Its own counters, added when the buffer is handed over: a buffer regenerated after a resume counts once.
         producer = self.producer.with_engine(self.engine, own_counters=True)
+        if self._bg_tokenizer is None:  # its own tokenizer: a fast tokenizer is not safe to share across threads
+            self._bg_tokenizer = copy.deepcopy(self.module.tokenizer)
+        producer.tokenizer = self._bg_tokenizer
 
         def produce() -> tuple[list[Minibatch], dict[str, int]]:
             return producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator), \
