@@ -64,7 +64,7 @@ def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any],
         log.info("rollout.async_generation=true: sampling from a copy of the policy (rollout=hf_copy)")
         engine_args["_target_"] = f"{HFSamplerCopyEngine.__module__}.{HFSamplerCopyEngine.__qualname__}"
         engine_cls = HFSamplerCopyEngine
-    return engine_args, settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)))
+    return engine_args, settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)), engine_cls)
 
 
 def build(cfg: DictConfig) -> dict[str, Any]:

@@ -73,6 +73,9 @@ def test_rollout_settings_split_and_validate():
     assert RolloutSettings(True, 9).push_delay(10) == 10  # no overlap: lags 0..9
     with pytest.raises(ValueError, match="rollout.async_generation"):
         RolloutSettings(async_generation=True).validate(k10, owns_weights=False)
+    with pytest.raises(ValueError, match="lacks .*load_sampler_state_dict"):  # owns weights, no sampler module
+        RolloutSettings(async_generation=True).validate(k10, owns_weights=True, engine=HFGenerationEngine)
+    RolloutSettings(async_generation=True).validate(k10, owns_weights=True, engine=HFSamplerCopyEngine)
     with pytest.raises(ValueError, match="rollout.max_lag"):
         RolloutSettings(max_lag=8).validate(k10, owns_weights=True)
     with pytest.raises(ValueError, match="rollout.generation_timeout_s"):

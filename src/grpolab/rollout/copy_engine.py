@@ -32,6 +32,7 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     """
 
     owns_weights = True
+    sampler_model: torch.nn.Module | None = None  # the copy; None until the first sync_weights
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None):
         super().__init__(stop_token_ids, pad_token_id, generation_batch_size)

@@ -86,7 +86,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.time_rollout_s = 0.0
         self.skipped_rows = {"train": 0, "val": 0}
         self._filtered = False
-        self.settings = (rollout or RolloutSettings()).validate(cfg, getattr(engine, "owns_weights", False))
+        self.settings = (rollout or RolloutSettings()).validate(cfg, getattr(engine, "owns_weights", False), engine)
         self.weight_syncs = 0  # engine.sync_weights calls
         self.time_weight_sync_s = 0.0
         self.time_generation_s = 0.0  # async: the background sampler's busy time (buffers handed over)

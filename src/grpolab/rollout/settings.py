@@ -11,6 +11,10 @@ from typing import Any
 
 from grpolab.config import GRPOConfig
 
+# What the background sampler needs from an engine besides GenerationEngine: the module it samples from (for the
+# sampler log-probs log alpha, computed in the background) and its weights for a checkpoint.
+ASYNC_ENGINE_API = ("sampler_model", "sampler_state_dict", "load_sampler_state_dict")
+
 
 @dataclass
 class RolloutSettings:
@@ -36,13 +40,18 @@ class RolloutSettings:
     max_lag: int | None = None
     generation_timeout_s: float | None = None
 
-    def validate(self, algo: GRPOConfig, owns_weights: bool) -> RolloutSettings:
-        """Check the values against the algorithm and the engine; returns self."""
+    def validate(self, algo: GRPOConfig, owns_weights: bool, engine: Any = None) -> RolloutSettings:
+        """Check the values against the algorithm and the engine (class or instance); returns self."""
         if not isinstance(self.async_generation, bool):
             raise ValueError(f"rollout.async_generation must be true or false, got {self.async_generation!r}")
         if self.async_generation and not owns_weights:
             raise ValueError("rollout.async_generation=true needs an engine that owns its sampler weights (the "
                              "in-place engine would sample from the policy while it trains), e.g. rollout=hf_copy")
+        missing = [m for m in ASYNC_ENGINE_API if engine is not None and not hasattr(engine, m)]
+        if self.async_generation and missing:
+            raise ValueError(f"rollout.async_generation=true: the engine {getattr(engine, '__name__', engine)} lacks "
+                             f"{missing} (the sampler's own module for its log-probs, and its weights for exact "
+                             f"resume); use rollout=hf_copy")
         per_buffer = algo.steps_per_generation * algo.num_iterations
         if self.max_lag is not None:
             if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < per_buffer - 1:
