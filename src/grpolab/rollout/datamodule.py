@@ -16,6 +16,7 @@ thread from the weights pushed at the current refresh while the trainer trains o
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass
@@ -233,9 +234,10 @@ class RolloutDataModule(L.LightningDataModule):
         split_cpu_threads()
         train = self.task.splits()["train"]
         rows = [train[i] for i in spec["indices"]]
-        # Its own generator: the trainer uses torch's global RNG at the same time.
-        generator = torch.Generator().manual_seed(self._round_seed(spec["round"]))
         policy = self._sampler_policy()
+        # Its own generator, on the sampler's device: the trainer uses torch's global RNG at the same time.
+        device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(self._round_seed(spec["round"]))
         # Its own counters, added when the buffer is handed over: a buffer regenerated after a resume counts once.
         producer = self.producer.with_engine(self.engine, own_counters=True)
         if self._bg_tokenizer is None:  # its own tokenizer: a fast tokenizer is not safe to share across threads
@@ -243,8 +245,10 @@ class RolloutDataModule(L.LightningDataModule):
         producer.tokenizer = self._bg_tokenizer
 
         def produce() -> tuple[list[Minibatch], dict[str, int]]:
-            return producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator), \
-                producer.counters
+            # the current CUDA device is per thread: a new thread would start on cuda:0 whatever the rank
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                return producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator), \
+                    producer.counters
 
         self._pending_spec = spec
         self._pending = BackgroundJob(produce, f"rollout buffer {spec['round']}")
