@@ -74,6 +74,7 @@ class GRPOModule(L.LightningModule):
         self._val_acc: dict[str, float] = {}
         self._fit_start: float | None = None
         self._zero_variance_streak = 0
+        self._lag_max = 0
 
     @property
     def tokenizer(self) -> Any:
@@ -155,7 +156,7 @@ class GRPOModule(L.LightningModule):
             dm = self.trainer.datamodule  # the buffer's stored ref log-probs follow the new reference
             refresh_reference(self.reference, self.policy, getattr(dm, "buffer", []), getattr(dm, "position", 0), c)
         self.time_train_s += time.perf_counter() - t0
-        self._log_step(mb, total, stats, torch.cat(current), torch.cat(entropies), grad_norm, t0, bound)
+        self._log_step(mb, total, stats, torch.cat(current), torch.cat(entropies), grad_norm, t0, bound, step)
         return torch.tensor(total)
 
     def _clip_and_check(self, step: int) -> float:
@@ -174,8 +175,10 @@ class GRPOModule(L.LightningModule):
                                      f"({len(bad)} tensors, e.g. {bad[0]}); lower algo.learning_rate")
 
     def _log_step(self, mb: Minibatch, loss: float, stats: list[dict], logp: torch.Tensor, entropy: torch.Tensor,
-                  grad_norm: float, t0: float, bound: dict[str, float]) -> None:
+                  grad_norm: float, t0: float, bound: dict[str, float], step: int = 0) -> None:
         c = self.cfg
+        lag = step - mb.policy_version  # optimizer steps since the weights that sampled mb (exact, also async)
+        self._lag_max = max(self._lag_max, lag)
         mask = mb.loss_mask.to(logp.device).bool()
         valid = ~torch.isnan(mb.rewards)
         rewards = mb.rewards[valid]
@@ -197,7 +200,8 @@ class GRPOModule(L.LightningModule):
             "num_tokens": float(self.num_tokens),
             "grad_norm": grad_norm,
             "learning_rate": float(self.optimizers().param_groups[0]["lr"]),
-            "lag": float(mb.index * c.num_iterations + mb.iteration),  # optimizer steps since the refresh
+            "lag": float(lag),
+            "lag/max": float(self._lag_max),  # the largest lag so far in the run
             "iteration": float(mb.iteration),
             "sampler_refreshes": float(mb.round + 1),
         }
@@ -230,6 +234,7 @@ class GRPOModule(L.LightningModule):
         m["time/train"] = self.time_train_s
         dm = self.trainer.datamodule
         m["time/rollout"] = getattr(dm, "time_rollout_s", 0.0)
+        m["time/weight_sync"] = dm.pop_weight_sync_time() if hasattr(dm, "pop_weight_sync_time") else 0.0
         m["time/elapsed"] = now - (self._fit_start or now)
         m["tokens_per_second"] = self.num_tokens / max(m["time/elapsed"], 1e-9)
         self.log_dict({f"train/{k}": v for k, v in m.items()}, on_step=True, on_epoch=False, batch_size=len(mb))
@@ -278,7 +283,8 @@ class GRPOModule(L.LightningModule):
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
-                                 "time_train_s": self.time_train_s, "num_tokens": self.num_tokens}
+                                 "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
+                                 "lag_max": self._lag_max}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
@@ -286,3 +292,4 @@ class GRPOModule(L.LightningModule):
         self.val_history = state.get("val_history", [])
         self.time_train_s = state.get("time_train_s", 0.0)
         self.num_tokens = state.get("num_tokens", 0)
+        self._lag_max = state.get("lag_max", 0)

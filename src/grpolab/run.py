@@ -14,15 +14,18 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
 from grpolab.module import GRPOModule
+from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 from grpolab.rollout.datamodule import RolloutDataModule
+from grpolab.rollout.engine import HFGenerationEngine
 from grpolab.rollout.prompt_lengths import setup_prompt_limit
+from grpolab.rollout.settings import RolloutSettings, split_rollout_config
 from grpolab.validation import check_checkpoint, check_types
 
 log = logging.getLogger("grpolab")
@@ -55,6 +58,19 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
     return wrapped
 
 
+def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any], RolloutSettings]:
+    """Split ``cfg.rollout`` into the engine's constructor arguments and the validated schedule settings
+    (conf/rollout/base.yaml); raises ``ValueError`` naming ``rollout.<key>`` before any model is built.
+    ``rollout.async_generation=true`` with the in-place HF engine switches to its copy-owning variant."""
+    engine_args, settings = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
+    engine_cls = get_class(engine_args["_target_"])
+    if settings.async_generation and engine_cls is HFGenerationEngine:  # async implies a sampler with own weights
+        log.info("rollout.async_generation=true: sampling from a copy of the policy (rollout=hf_copy)")
+        engine_args["_target_"] = f"{HFSamplerCopyEngine.__module__}.{HFSamplerCopyEngine.__qualname__}"
+        engine_cls = HFSamplerCopyEngine
+    return engine_args, settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)), engine_cls)
+
+
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the settings, then instantiate task, verifier, model spec, module, data module, trainer."""
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
@@ -64,6 +80,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"resume_drop_buffer must be true or false, got {drop!r}")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
+    engine_args, settings = rollout_settings(cfg, algo)
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")
@@ -73,10 +90,11 @@ def build(cfg: DictConfig) -> dict[str, Any]:
                         task=task, val_num_generations=cfg.val.num_generations)
     tokenizer = module.tokenizer
     setup_prompt_limit(algo, model_spec, task, tokenizer)  # every row of every split, before the first step
-    engine = _build(cfg, "rollout", stop_token_ids=model_spec.stop_token_ids(tokenizer),
-                    pad_token_id=tokenizer.pad_token_id)
+    log.info("instantiating rollout <%s> (%s)", engine_args["_target_"], settings)
+    engine = instantiate(engine_args, stop_token_ids=model_spec.stop_token_ids(tokenizer),
+                         pad_token_id=tokenizer.pad_token_id)
     datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size,
-                                   resume_drop_buffer=bool(cfg.get("resume_drop_buffer", False)))
+                                   rollout=settings, resume_drop_buffer=bool(cfg.get("resume_drop_buffer", False)))
     datamodule.connect(module)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
     if OmegaConf.select(cfg, "trainer.enable_progress_bar") is False:  # Lightning refuses a bar callback then
@@ -119,6 +137,10 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "val_history": hist,
         "steps": int(module.global_step),
         "sampler_refreshes": int(dm.rounds),
+        "weight_syncs": int(dm.weight_syncs),
+        "time_weight_sync_s": round(dm.time_weight_sync_s, 4),
+        "async_generation": dm.settings.async_generation,
+        "time_generation_s": round(dm.time_generation_s, 2),
         "time_total_s": round(total_s, 2),
         "time_rollout_s": round(dm.time_rollout_s, 2),
         "time_train_s": round(module.time_train_s, 2),

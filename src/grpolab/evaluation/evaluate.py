@@ -25,6 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpolab.evaluation.metrics import maj_at_k, mean_at_n, pass_at_k, standard_error
+from grpolab.rollout.settings import split_rollout_config
 from grpolab.verifiers.extract import boxed_contents, final_answer_region
 
 log = logging.getLogger("grpolab.eval")
@@ -330,8 +331,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     tokenizer = spec.load_tokenizer()
     policy = load_policy(cfg, spec, task).to(_device(e.device))
     policy.eval()
-    engine = instantiate(cfg.rollout, stop_token_ids=spec.stop_token_ids(tokenizer),
-                         pad_token_id=tokenizer.pad_token_id)
+    engine_args, _ = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
+    engine = instantiate(engine_args, stop_token_ids=spec.stop_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    engine.sync_weights(policy)  # an engine that owns its weights samples from its copy
     producer = RolloutProducer(build_sampling(cfg), task, tokenizer, engine, reward_model)
     extract = answer_extractor(reward_model)
     torch.manual_seed(int(e.seed))  # after the model is built (building one may reseed the global RNG)

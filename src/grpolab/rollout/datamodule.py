@@ -7,10 +7,17 @@ use the policy from one step too early.) Every ``steps_per_generation`` steps th
 a buffer of ``steps_per_generation`` minibatches with fresh prompts; minibatch ``j`` is trained on at lag
 ``j``, which is exactly sampling from alpha = pi_{k - lag} (paper.md §2.1, design.md §1), and each
 minibatch serves ``num_iterations`` consecutive steps.
+
+Every sampler refresh pushes the policy's weights to the engine (``engine.sync_weights``), counted in
+``weight_syncs`` and timed. With ``rollout.async_generation`` the next buffer is generated in a background
+thread from the weights pushed at the current refresh while the trainer trains on the current buffer
+(lag k..2k-1; :mod:`grpolab.rollout.background`); each minibatch records the policy version that sampled it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -22,10 +29,12 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from grpolab.config import GRPOConfig
 from grpolab.errors import NonFiniteLossError
+from grpolab.rollout.background import BackgroundJob, split_cpu_threads
 from grpolab.rollout.buffer import Minibatch, PromptSampler
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.resume import buffer_settings, changed_buffer_settings
+from grpolab.rollout.settings import RolloutSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,7 @@ class RolloutDataModule(L.LightningDataModule):
         cfg: validated :class:`~grpolab.config.GRPOConfig`.
         seed: seeds the prompt order and the sampling RNG of each refresh.
         val_batch_size: held-out prompts per validation batch.
+        rollout: :class:`~grpolab.rollout.settings.RolloutSettings` (async generation, max lag, timeout).
         resume_drop_buffer: on resume with settings that shape the rollout buffer changed (see
             :data:`BUFFER_SETTINGS`), drop the saved buffer and sample a new one instead of refusing.
 
@@ -66,7 +76,8 @@ class RolloutDataModule(L.LightningDataModule):
     """
 
     def __init__(self, task: Any, reward_model: Any, engine: GenerationEngine, cfg: GRPOConfig, seed: int = 0,
-                 val_batch_size: int = 64, resume_drop_buffer: bool = False) -> None:
+                 val_batch_size: int = 64, rollout: RolloutSettings | None = None,
+                 resume_drop_buffer: bool = False) -> None:
         super().__init__()
         self.task = task
         self.reward_model = reward_model
@@ -84,12 +95,24 @@ class RolloutDataModule(L.LightningDataModule):
         self.time_rollout_s = 0.0
         self.skipped_rows = {"train": 0, "val": 0}
         self._filtered = False
+        self.settings = (rollout or RolloutSettings()).validate(cfg, getattr(engine, "owns_weights", False), engine)
+        self.weight_syncs = 0  # engine.sync_weights calls
+        self.time_weight_sync_s = 0.0
+        self.time_generation_s = 0.0  # async: the background sampler's busy time (buffers handed over)
+        self.sampler_version: int | None = None  # the optimizer step whose weights the sampler holds
+        self._sync_time_step = 0.0  # push time in the coming step (read by the module's step log)
+        self._pending: BackgroundJob | None = None  # async: the next buffer, in flight
+        self._pending_spec: dict[str, Any] | None = None  # round, prompt indices and policy version
+        self._restore: dict[str, Any] | None = None  # async: an in-flight spec from a checkpoint
+        self._bg_tokenizer: Any = None
 
     def connect(self, module: Any) -> None:
         """Attach the module that owns the live policy (its ``policy``, ``reference``, ``tokenizer``)."""
         self.module = module
         self.producer = RolloutProducer(self.cfg, self.task, module.tokenizer, self.engine, self.reward_model)
-        module.producer = self.producer
+        # Held-out accuracy is measured on the live policy, also when the sampler owns a (stale) copy.
+        val_engine = getattr(self.engine, "validation_engine", None)
+        module.producer = self.producer.with_engine(val_engine()) if val_engine else self.producer
 
     def setup(self, stage: str | None = None) -> None:
         if self.module is None:
@@ -137,29 +160,73 @@ class RolloutDataModule(L.LightningDataModule):
 
     def next_minibatch(self) -> Minibatch:
         """The minibatch for the coming optimizer step, refreshing the buffer when it is used up."""
+        if self._restore is not None:
+            self._relaunch()
         if self.position >= self.steps_per_buffer or not self.buffer:
             self.refresh()
+        if self.settings.async_generation and self._pending is None \
+                and self.position >= self.settings.push_delay(self.steps_per_buffer) and self._next_buffer_needed():
+            self._launch(self._step())
         mb = self.buffer[self.position // self.cfg.num_iterations]
         mb.iteration = self.position % self.cfg.num_iterations
+        lag = self._step() - mb.policy_version
+        if self.settings.max_lag is not None and lag > self.settings.max_lag:  # refuse, never train on it
+            raise RuntimeError(f"step {self._step()}: minibatch sampled at policy version {mb.policy_version} has "
+                               f"lag {lag} > rollout.max_lag={self.settings.max_lag}")
         self.position += 1
         return mb
 
-    def refresh(self) -> None:
-        """Sample a new buffer with the current policy (the sampler alpha becomes pi_k)."""
+    def pop_weight_sync_time(self) -> float:
+        """Seconds spent pushing weights to the sampler for the coming step (0 if none); resets it."""
+        t, self._sync_time_step = self._sync_time_step, 0.0
+        return t
+
+    def _step(self) -> int:
+        return int(self.module.global_step) if self.module._trainer is not None else 0
+
+    def _push_weights(self, step: int) -> None:
+        """engine.sync_weights(policy), counted and timed; skipped when the sampler already holds this step."""
+        if self.sampler_version == step and self.weight_syncs > 0:
+            return
         start = time.perf_counter()
-        train = self.task.splits()["train"]
+        self.engine.sync_weights(self.module.policy)
+        took = time.perf_counter() - start
+        self.weight_syncs += 1
+        self.time_weight_sync_s += took
+        self._sync_time_step += took
+        self.sampler_version = step
+
+    def _sampler_policy(self) -> Any:
+        """The module whose weights the sampler holds (for the sampler log-probs log alpha)."""
+        own = getattr(self.engine, "sampler_model", None)
+        return own if own is not None else self.module.policy
+
+    def _take_rows(self) -> list[int]:
         n = self.cfg.steps_per_generation * self.cfg.prompts_per_step
         # Under DDP every rank draws the same global order and keeps its own disjoint slice; a group
         # (one prompt x num_generations completions) never spans ranks.
         rank, world = self._rank_world()
-        indices = self.sampler.take(n * world)[rank * n:(rank + 1) * n]
-        rows = [train[i] for i in indices]
+        return self.sampler.take(n * world)[rank * n:(rank + 1) * n]
+
+    def _round_seed(self, round_index: int) -> int:
         # Each refresh has its own seed, so a resumed run samples exactly what the original run sampled.
-        torch.manual_seed((self.seed * 1_000_003 + self.rounds) * world + rank)
-        step = self.module.global_step if self.module._trainer is not None else 0
-        self.engine.sync_weights(self.module.policy)
+        rank, world = self._rank_world()
+        return (self.seed * 1_000_003 + round_index) * world + rank
+
+    def refresh(self) -> None:
+        """Start training on a new buffer: sampled now by the current policy (the sampler alpha becomes
+        pi_k), or, with async generation, the one the background sampler made from the previous push."""
+        if self.settings.async_generation:
+            return self._refresh_async()
+        start = time.perf_counter()
+        train = self.task.splits()["train"]
+        rows = [train[i] for i in self._take_rows()]
+        torch.manual_seed(self._round_seed(self.rounds))
+        step = self._step()
+        self._push_weights(step)
         try:
-            self.buffer = self.producer.produce(self.module.policy, self.module.reference, rows, self.rounds, step)
+            self.buffer = self.producer.produce(self._sampler_policy(), self.module.reference, rows, self.rounds,
+                                                step)
         except RuntimeError as err:
             if "inf" in str(err) or "nan" in str(err):
                 raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
@@ -168,6 +235,66 @@ class RolloutDataModule(L.LightningDataModule):
         self.rounds += 1
         self.position = 0
         self.time_rollout_s += time.perf_counter() - start
+
+    # ------------------------------------------------------------------------------ async generation
+    def _next_buffer_needed(self) -> bool:
+        """False when the next buffer would start at or after ``trainer.max_steps`` (no wasted sampling)."""
+        max_steps = getattr(self.module.trainer, "max_steps", -1) if self.module._trainer is not None else -1
+        return max_steps is None or max_steps < 0 or self.rounds * self.steps_per_buffer < max_steps
+
+    def _launch(self, step: int) -> None:
+        """Push the policy (version ``step``) and generate buffer ``rounds`` from it in the background."""
+        self._push_weights(step)
+        self._start_job({"round": self.rounds, "indices": self._take_rows(), "policy_version": self.sampler_version})
+
+    def _start_job(self, spec: dict[str, Any]) -> None:
+        split_cpu_threads()
+        train = self.task.splits()["train"]
+        rows = [train[i] for i in spec["indices"]]
+        policy = self._sampler_policy()
+        # Its own generator, on the sampler's device: the trainer uses torch's global RNG at the same time.
+        device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(self._round_seed(spec["round"]))
+        # Its own counters, added when the buffer is handed over: a buffer regenerated after a resume counts once.
+        producer = self.producer.with_engine(self.engine, own_counters=True)
+        if self._bg_tokenizer is None:  # its own tokenizer: a fast tokenizer is not safe to share across threads
+            self._bg_tokenizer = copy.deepcopy(self.module.tokenizer)
+        producer.tokenizer = self._bg_tokenizer
+
+        def produce() -> tuple[list[Minibatch], dict[str, int]]:
+            # the current CUDA device is per thread: a new thread would start on cuda:0 whatever the rank
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                return producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator), \
+                    producer.counters
+
+        self._pending_spec = spec
+        self._pending = BackgroundJob(produce, f"rollout buffer {spec['round']}")
+
+    def _relaunch(self) -> None:
+        """Resume: regenerate the buffer that was in flight at the checkpoint from the saved sampler weights."""
+        spec, self._restore = self._restore, None
+        self.engine.load_sampler_state_dict(spec.pop("sampler_weights"), like=self.module.policy)
+        self.sampler_version = spec["policy_version"]
+        self._start_job(spec)
+
+    def _refresh_async(self) -> None:
+        start = time.perf_counter()
+        step = self._step()
+        if self._pending is None:  # the first buffer (or no overlap: push delay = a whole buffer)
+            self._launch(step)
+        job, self._pending, self._pending_spec = self._pending, None, None
+        self.buffer, counters = job.result(self.settings.generation_timeout_s, step)
+        self.producer.add_counts(counters)
+        self.time_generation_s += job.finished - job.started
+        self.producer.add_reference_logp(self.buffer, self.module.reference)  # reference as of this step
+        self.rounds += 1
+        self.position = 0
+        self.time_rollout_s += time.perf_counter() - start
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Let a buffer still in flight finish (bounded by the timeout), so no thread samples after the run."""
+        if self._pending is not None:
+            self._pending.wait_quietly(self.settings.generation_timeout_s)
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = getattr(self.module, "_trainer", None)
@@ -180,7 +307,17 @@ class RolloutDataModule(L.LightningDataModule):
         return {"sampler": self.sampler.state_dict() if self.sampler else None, "buffer": [mb.to_dict() for mb in self.buffer],
                 "position": self.position, "rounds": self.rounds, "time_rollout_s": self.time_rollout_s,
                 "counters": dict(self.producer.counters) if self.producer else {},
+                "weight_syncs": self.weight_syncs, "time_weight_sync_s": self.time_weight_sync_s,
+                "time_generation_s": self.time_generation_s, "sampler_version": self.sampler_version, "in_flight": self._in_flight_state(),
                 "settings": buffer_settings(self.cfg)}
+
+    def _in_flight_state(self) -> dict[str, Any] | None:
+        """The buffer being generated: what regenerates it on resume (prompts, round = RNG seed, weights)."""
+        spec = self._pending_spec or self._restore
+        if spec is None:
+            return None
+        weights = self._restore["sampler_weights"] if self._restore else self.engine.sampler_state_dict()
+        return {**spec, "sampler_weights": weights}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.sampler is None:
@@ -201,5 +338,13 @@ class RolloutDataModule(L.LightningDataModule):
         self.position = 0 if changed else state["position"]
         self.rounds = state["rounds"]
         self.time_rollout_s = state.get("time_rollout_s", 0.0)
+        self.weight_syncs = state.get("weight_syncs", self.rounds)
+        self.time_weight_sync_s = state.get("time_weight_sync_s", 0.0)
+        self.time_generation_s = state.get("time_generation_s", 0.0)
+        self.sampler_version = state.get("sampler_version")
+        self._restore = None if changed else state.get("in_flight")
+        if self._restore is not None and not self.settings.async_generation:
+            raise ValueError("this checkpoint was written with rollout.async_generation=true (a buffer was in "
+                             "flight); resume it with the same setting")
         if self.producer is not None:
             self.producer.counters.update(state.get("counters", {}))

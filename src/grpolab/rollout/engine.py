@@ -1,20 +1,23 @@
 """Generation engines: turn prompt token ids into sampled completions.
 
 :class:`GenerationEngine` is the interface the data module and the evaluator use; :class:`HFGenerationEngine`
-implements it with Hugging Face ``generate`` (KV cache, left padding, every stop id). A vLLM engine can
-implement the same ``generate`` later; with an external engine the off-policy schedule means pushing
-weights to it once every ``steps_per_generation`` steps.
+implements it with Hugging Face ``generate`` (KV cache, left padding, every stop id) on the live policy.
+Engines that own a copy of the weights (:class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine`, vLLM)
+receive the policy's weights once every ``steps_per_generation`` steps, which is where the off-policy
+schedule saves its time.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from grpolab.algo.masks import completion_mask
 
@@ -33,6 +36,9 @@ class SamplingParams:
     max_new_tokens: int = 16
     do_sample: bool = True
     return_log_probs: bool = False
+    # Sampling RNG. None = torch's global RNG. A background sampler passes its own generator so that it never
+    # touches the RNG the trainer uses concurrently; the draws are the same as with the global RNG seeded alike.
+    generator: torch.Generator | None = None
 
 
 @dataclass
@@ -61,11 +67,15 @@ class GenerationEngine(Protocol):
     """What the data module and the evaluator need from a sampler.
 
     ``sync_weights`` is called once per sampler refresh (every ``steps_per_generation`` optimizer steps):
-    an engine holding its own copy of the weights (vLLM) loads the policy's weights there, which is where the
-    off-policy schedule saves its time. ``generate`` then samples from those weights, with the settings of
-    ``params`` alone: nothing from the model's own generation config may change the distribution, because the
-    trainer stores the log-probs of exactly that tempered, untruncated distribution (issue 9 item 1).
+    an engine holding its own copy of the weights (``owns_weights = True``: a copy of the policy, vLLM) loads
+    the policy's weights there, which is where the off-policy schedule saves its time, and ``generate`` then
+    samples from that copy, ignoring the live ``model`` it is passed. An in-place engine
+    (``owns_weights = False``) samples from ``model``. Either samples with the settings of ``params`` alone:
+    nothing from the model's own generation config may change the distribution, because the trainer stores
+    the log-probs of exactly that tempered, untruncated distribution (issue 9 item 1).
     """
+
+    owns_weights: bool
 
     def sync_weights(self, model: Any) -> None: ...
 
@@ -108,13 +118,17 @@ class HFGenerationEngine:
         self.pad_token_id = pad_token_id
         self.generation_batch_size = generation_batch_size
 
+    owns_weights = False
+
     def sync_weights(self, model: Any) -> None:
         """Nothing to do: ``generate`` samples from the live policy, which does not change between refreshes."""
 
     def _config(self, params: SamplingParams) -> GenerationConfig:
+        # With an explicit generator, generate() runs its greedy loop and _GeneratorSampler does the sampling.
+        sample_here = params.do_sample and params.generator is None
         kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_token_ids,
-                      pad_token_id=self.pad_token_id, use_cache=True, do_sample=params.do_sample)
-        if params.do_sample:
+                      pad_token_id=self.pad_token_id, use_cache=True, do_sample=sample_here)
+        if sample_here:
             kwargs.update(temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p)
         if params.return_log_probs:
             kwargs.update(output_scores=True, return_dict_in_generate=True)
@@ -131,17 +145,25 @@ class HFGenerationEngine:
         model.eval()
         device = next(model.parameters()).device
         config = self._config(params)
+        extra = {}
+        if params.do_sample and params.generator is not None:
+            extra["logits_processor"] = LogitsProcessorList([_GeneratorSampler(params)])
         step = self.generation_batch_size or len(prompts)
         parts = []
         try:
             with model_generation_defaults_cleared(model, self.stop_token_ids, self.pad_token_id):
                 for start in range(0, len(prompts), step):
                     ids, mask = left_pad(prompts[start:start + step], self.pad_token_id)
+                    if extra:
+                        extra["logits_processor"][0].reset()
                     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                         generation_config=config)
+                                         generation_config=config, **extra)
                     seqs = out.sequences if params.return_log_probs else out
                     comp = seqs[:, ids.shape[1]:].cpu()
-                    logp = _scores_log_probs(out.scores, comp) if params.return_log_probs else None
+                    logp = None
+                    if params.return_log_probs:  # with a generator, the scores generate() sees are one-hot
+                        logp = extra["logits_processor"][0].sampled_log_probs() if extra else \
+                            _scores_log_probs(out.scores, comp)
                     parts.append((ids, mask, comp, logp))
         finally:
             model.train(was_training)
@@ -173,6 +195,49 @@ def _scores_log_probs(scores: tuple[torch.Tensor, ...], completion: torch.Tensor
     logits = torch.stack(scores, 1).float().cpu()
     logp = logits.log_softmax(-1).gather(-1, completion[:, :logits.shape[1], None])[..., 0]
     return torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))  # -inf after a row has stopped
+
+
+class _GeneratorSampler(LogitsProcessor):
+    """Samples the next token with an explicit ``torch.Generator`` inside a greedy ``generate`` loop.
+
+    It applies the warpers Hugging Face's sampling loop applies, in its order (temperature, top-k, top-p),
+    draws ``torch.multinomial(softmax(scores), 1, generator=g)`` exactly as ``generate(do_sample=True)`` does
+    with the global RNG, and returns scores that are 0 at the drawn token and -inf elsewhere, so the greedy
+    argmax picks it. Same seed, same tokens as the global-RNG path; torch's global RNG is never touched.
+    With ``params.return_log_probs`` it also keeps the log-prob of each drawn token under the warped
+    distribution (what ``_scores_log_probs`` reads from the processed scores on the global-RNG path).
+    """
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.generator = params.generator
+        self.keep_log_probs = params.return_log_probs
+        self._log_probs: list[torch.Tensor] = []
+        self.warpers = []
+        if params.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k:
+            self.warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(params.top_p))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        tokens = torch.multinomial(probs, num_samples=1, generator=self.generator)
+        if self.keep_log_probs:
+            self._log_probs.append(scores.float().log_softmax(-1).gather(1, tokens)[:, 0].cpu())
+        out = torch.full_like(scores, -math.inf)
+        return out.scatter_(1, tokens, 0.0)
+
+    def reset(self) -> None:
+        """Forget the log-probs of the previous ``generate`` call."""
+        self._log_probs = []
+
+    def sampled_log_probs(self) -> torch.Tensor:
+        """[B, L] float32 log-probs of the drawn tokens (finite; callers mask positions after the stop)."""
+        logp = torch.stack(self._log_probs, 1) if self._log_probs else torch.zeros((0, 0))
+        return torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
 
 
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]], pad_id: int,

@@ -6,7 +6,9 @@ optimizer steps, and can be driven by hand in tests or notebooks.
 
 from __future__ import annotations
 
+import copy
 import math
+import threading
 from typing import Any
 
 import torch
@@ -53,17 +55,35 @@ class RolloutProducer:
         self.engine = engine
         self.reward_model = reward_model
         self.counters = {"unscorable": 0, "truncated": 0, "completions": 0}
+        self._lock = threading.Lock()  # a background sampler and validation may both count
 
-    def sampling(self, greedy: bool = False) -> SamplingParams:
+    def with_engine(self, engine: GenerationEngine, own_counters: bool = False) -> RolloutProducer:
+        """A producer that samples with ``engine``; it shares this one's counters (e.g. for validation) unless
+        ``own_counters`` (a background buffer, counted by :meth:`add_counts` when it is handed over)."""
+        other = copy.copy(self)
+        other.engine = engine
+        if own_counters:
+            other.counters = dict.fromkeys(self.counters, 0)
+            other._lock = threading.Lock()
+        return other
+
+    def add_counts(self, counters: dict[str, int]) -> None:
+        """Add another producer's counts to this one's."""
+        with self._lock:
+            for k, v in counters.items():
+                self.counters[k] = self.counters.get(k, 0) + v
+
+    def sampling(self, greedy: bool = False, generator: torch.Generator | None = None) -> SamplingParams:
         c = self.cfg
         return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or 0,
-                              max_new_tokens=c.max_completion_length, do_sample=not greedy)
+                              max_new_tokens=c.max_completion_length, do_sample=not greedy, generator=generator)
 
     def sample(self, policy: Any, rows: list[dict], num_generations: int, greedy: bool = False,
-               step: int | None = None) -> dict[str, Any]:
+               step: int | None = None, generator: torch.Generator | None = None) -> dict[str, Any]:
         """Generate ``num_generations`` completions per row and score them (rows stay grouped, row-major).
 
-        ``step`` (the optimizer step, when training) is named in errors.
+        ``step`` (the optimizer step, when training) is named in errors. ``generator`` is the sampling RNG
+        (None = torch's global RNG).
 
         Returns:
             dict with ``generation`` (:class:`~grpolab.rollout.engine.Generation`), ``rows`` (each input row
@@ -73,7 +93,7 @@ class RolloutProducer:
         prompts = encode_prompts(self.task, self.tokenizer, rows, self.cfg.max_prompt_length)
         rep_rows = [r for r in rows for _ in range(num_generations)]
         rep_prompts = [p for p in prompts for _ in range(num_generations)]
-        gen = self.engine.generate(policy, rep_prompts, self.sampling(greedy))
+        gen = self.engine.generate(policy, rep_prompts, self.sampling(greedy, generator))
         texts = [self.tokenizer.decode(ids[m].tolist(), skip_special_tokens=True)
                  for ids, m in zip(gen.completion_ids, gen.completion_mask)]
         columns = {k: [r.get(k) for r in rep_rows] for k in rep_rows[0] if k not in ("prompt",)}
@@ -87,23 +107,26 @@ class RolloutProducer:
                                  f"verifiers must return a finite float or None")
         if self.cfg.truncated_reward is not None:  # explicit policy for completions that never stopped (#14)
             rewards = [self.cfg.truncated_reward if t else r for r, t in zip(rewards, gen.truncated.tolist())]
-        self.counters["completions"] += len(texts)
-        self.counters["unscorable"] += sum(math.isnan(r) for r in rewards)
-        self.counters["truncated"] += int(gen.truncated.sum())
-        self.counters["reward_timeouts"] = self.counters.get("reward_timeouts", 0) + int(
-            getattr(scored, "num_timeouts", 0) + getattr(scored, "num_batch_timeouts", 0))
+        with self._lock:
+            self.counters["completions"] += len(texts)
+            self.counters["unscorable"] += sum(math.isnan(r) for r in rewards)
+            self.counters["truncated"] += int(gen.truncated.sum())
+            self.counters["reward_timeouts"] = self.counters.get("reward_timeouts", 0) + int(
+                getattr(scored, "num_timeouts", 0) + getattr(scored, "num_batch_timeouts", 0))
         return {"generation": gen, "rows": rep_rows, "completions": texts,
                 "rewards": torch.tensor(rewards, dtype=torch.float32), "per_func": scored.per_func}
 
     def produce(self, policy: Any, reference: Any | None, rows: list[dict], round_index: int,
-                policy_version: int) -> list[Minibatch]:
+                policy_version: int, generator: torch.Generator | None = None) -> list[Minibatch]:
         """Build the ``steps_per_generation`` minibatches of one sampler refresh.
 
         ``rows`` holds ``steps_per_generation x prompts_per_step`` distinct prompts; minibatch ``j`` takes
-        the ``j``-th slice. All completions are sampled by the current ``policy`` (the sampler alpha).
+        the ``j``-th slice. All completions are sampled by the sampler alpha, whose weights are ``policy``'s
+        (the live policy, or the copy an engine that owns its weights samples from); its log-probs come from
+        ``policy`` too. ``policy_version`` is the optimizer step those weights are from.
         """
         c = self.cfg
-        s = self.sample(policy, rows, c.num_generations, step=policy_version)
+        s = self.sample(policy, rows, c.num_generations, step=policy_version, generator=generator)
         gen, n_per = s["generation"], c.per_device_train_batch_size
         uids = [r["uid"] for r in s["rows"]]
         # One group per drawn prompt: sample() repeats rows[k] num_generations times in order, so a prompt
@@ -136,10 +159,16 @@ class RolloutProducer:
             mb = _trim(mb)
             if c.reuses_samples:  # log alpha, needed whenever the policy can differ from the sampler
                 mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size)
-            if reference is not None:
-                mb.ref_logp = batched_log_probs(reference, mb.tensors(), c.temperature, c.micro_batch_size)
             minibatches.append(mb)
+        self.add_reference_logp(minibatches, reference)
         return minibatches
+
+    def add_reference_logp(self, minibatches: list[Minibatch], reference: Any | None) -> None:
+        """Fill ``ref_logp`` [B, L] of each minibatch with the reference model's log-probs (no-op without one)."""
+        if reference is None:
+            return
+        for mb in minibatches:
+            mb.ref_logp = batched_log_probs(reference, mb.tensors(), self.cfg.temperature, self.cfg.micro_batch_size)
 
 
 def _trim(mb: Minibatch) -> Minibatch:

@@ -1,0 +1,80 @@
+"""The ``rollout`` group's schedule settings that are not engine constructor arguments (conf/rollout/base.yaml).
+
+Pure and Lightning-free: :func:`split_rollout_config` separates them from the engine's arguments and
+:class:`RolloutSettings` validates them before any model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from grpolab.config import GRPOConfig
+
+# What the background sampler needs from an engine besides GenerationEngine: the module it samples from (for the
+# sampler log-probs log alpha, computed in the background) and its weights for a checkpoint.
+ASYNC_ENGINE_API = ("sampler_model", "sampler_state_dict", "load_sampler_state_dict")
+
+
+@dataclass
+class RolloutSettings:
+    """How rollout buffers are scheduled.
+
+    Attributes:
+        async_generation: generate buffer r+1 in a background thread, from the weights the sampler received
+            at refresh r, while the trainer trains on buffer r (lag k*i .. 2*k*i-1 instead of 0 .. k*i-1, with
+            k = ``algo.steps_per_generation``, i = ``algo.num_iterations``). Needs an engine that owns its
+            weights.
+        max_lag: the largest lag (optimizer steps between the policy version that sampled a minibatch and
+            the step trained on it) allowed; null = no bound beyond the schedule's. With async generation a
+            bound below 2*k*i-1 makes the sampler wait into the current buffer before taking the weights it
+            generates the next buffer from (:meth:`push_delay`). Must be >= k*i-1.
+        generation_timeout_s: seconds the trainer waits for a background buffer before the run stops with
+            an error naming the step (null = wait forever).
+
+    Raises:
+        ValueError: naming ``rollout.<key>``.
+    """
+
+    async_generation: bool = False
+    max_lag: int | None = None
+    generation_timeout_s: float | None = None
+
+    def validate(self, algo: GRPOConfig, owns_weights: bool, engine: Any = None) -> RolloutSettings:
+        """Check the values against the algorithm and the engine (class or instance); returns self."""
+        if not isinstance(self.async_generation, bool):
+            raise ValueError(f"rollout.async_generation must be true or false, got {self.async_generation!r}")
+        if self.async_generation and not owns_weights:
+            raise ValueError("rollout.async_generation=true needs an engine that owns its sampler weights (the "
+                             "in-place engine would sample from the policy while it trains), e.g. rollout=hf_copy")
+        missing = [m for m in ASYNC_ENGINE_API if engine is not None and not hasattr(engine, m)]
+        if self.async_generation and missing:
+            raise ValueError(f"rollout.async_generation=true: the engine {getattr(engine, '__name__', engine)} lacks "
+                             f"{missing} (the sampler's own module for its log-probs, and its weights for exact "
+                             f"resume); use rollout=hf_copy")
+        per_buffer = algo.steps_per_generation * algo.num_iterations
+        if self.max_lag is not None:
+            if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < per_buffer - 1:
+                raise ValueError(f"rollout.max_lag must be null or an integer >= algo.steps_per_generation x "
+                                 f"algo.num_iterations - 1 = {per_buffer - 1} (the lag within one buffer), got "
+                                 f"{self.max_lag!r}")
+        if self.generation_timeout_s is not None and not self.generation_timeout_s > 0:
+            raise ValueError(f"rollout.generation_timeout_s must be > 0 or null, got {self.generation_timeout_s!r}")
+        return self
+
+    def push_delay(self, steps_per_buffer: int) -> int:
+        """Steps into buffer r at which the sampler takes the weights for buffer r+1 (async only).
+
+        Buffer r+1 is trained from step (r+1)S to (r+2)S-1 (S = ``steps_per_buffer``); pushing at step
+        rS + d gives lags S-d .. 2S-1-d, so d = 2S-1-max_lag keeps every lag <= max_lag. d = S means no overlap.
+        """
+        if self.max_lag is None:
+            return 0
+        return min(max(0, 2 * steps_per_buffer - 1 - self.max_lag), steps_per_buffer)
+
+
+def split_rollout_config(rollout: dict[str, Any]) -> tuple[dict[str, Any], RolloutSettings]:
+    """Split the composed ``rollout`` node into (engine constructor arguments, :class:`RolloutSettings`)."""
+    names = {f.name for f in fields(RolloutSettings)}
+    settings = RolloutSettings(**{k: v for k, v in rollout.items() if k in names})
+    return {k: v for k, v in rollout.items() if k not in names}, settings

@@ -1,0 +1,126 @@
+"""End-to-end: the sampler that owns its weights, asynchronous generation, lag bounds, resume, engine faults."""
+
+import time
+
+import pandas as pd
+import pytest
+import torch
+from conftest import FAST_OVERRIDES, compose_train_cfg
+from transformers import AutoModelForCausalLM
+
+from grpolab.rollout.background import RolloutEngineError
+from grpolab.rollout.copy_engine import HFSamplerCopyEngine
+from grpolab.run import run_training
+
+ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]
+TIMING = ("step_time", "time/", "tokens_per_second")
+
+
+def _run(path, *overrides):
+    summary = run_training(compose_train_cfg(path, [*FAST_OVERRIDES, "val.at_start=false", *overrides]))
+    metrics = pd.read_csv(path / "metrics.csv")
+    train = metrics.dropna(subset=["train/loss"]).reset_index(drop=True)
+    return summary, train
+
+
+def _weights(path):
+    return AutoModelForCausalLM.from_pretrained(path / "policy").state_dict()
+
+
+def _same_weights(a, b):
+    wa, wb = _weights(a), _weights(b)
+    return all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _no_timing(train):
+    return train[[c for c in train.columns if not any(t in c for t in TIMING)]]
+
+
+def test_k1_copy_engine_trains_exactly_like_the_in_place_engine(tmp_path):
+    common = ["trainer.max_steps=3", "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]
+    s_in, m_in = _run(tmp_path / "inplace", *common)
+    s_copy, m_copy = _run(tmp_path / "copy", *common, "rollout=hf_copy")
+    assert _same_weights(tmp_path / "inplace", tmp_path / "copy")
+    pd.testing.assert_frame_equal(_no_timing(m_in), _no_timing(m_copy))
+    assert s_in["weight_syncs"] == s_copy["weight_syncs"] == s_copy["sampler_refreshes"] == 3
+    assert (m_copy["train/time/weight_sync"] > 0).all()  # one push per step, timed
+
+
+def test_async_lag_is_k_to_2k_minus_1_and_runs_are_deterministic(tmp_path):
+    # rollout.async_generation=true alone: the default in-place engine is replaced by its copy-owning variant
+    common = ["rollout.async_generation=true", "algo=grpo_offpolicy", "algo.steps_per_generation=3",
+              "trainer.max_steps=9", "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]
+    summary, train = _run(tmp_path / "a", *common)
+    # buffer 0 from pi_0 (lag 0..2), then buffer r+1 from the weights pushed at refresh r (lag 3..5)
+    assert train["train/lag"].tolist() == [0, 1, 2, 3, 4, 5, 3, 4, 5]
+    assert train["train/lag/max"].iloc[-1] == 5
+    # buffers 0 and 1 share the step-0 push; the step-6 refresh launches nothing (the run ends at step 9)
+    assert summary["sampler_refreshes"] == 3 and summary["weight_syncs"] == 2
+    assert train["train/tv_token"].iloc[3:].min() >= 0 and train["train/tv_token"].iloc[4] > 0  # stale sampler
+    _, again = _run(tmp_path / "b", *common)
+    assert _same_weights(tmp_path / "a", tmp_path / "b")
+    pd.testing.assert_frame_equal(_no_timing(train), _no_timing(again))
+
+
+def test_max_lag_makes_the_sampler_wait_and_bad_settings_fail_early(tmp_path):
+    _, train = _run(tmp_path / "run", *ASYNC, "algo=grpo_offpolicy", "algo.steps_per_generation=3",
+                    "rollout.max_lag=4", "trainer.max_steps=6")
+    # push delayed by 2k-1-max_lag = 1 step into each buffer: lags 2..4
+    assert train["train/lag"].tolist() == [0, 1, 2, 2, 3, 4]
+    with pytest.raises(ValueError, match="rollout.max_lag"):
+        _run(tmp_path / "bad", *ASYNC, "algo=grpo_offpolicy", "rollout.max_lag=5")
+    assert not (tmp_path / "bad" / "checkpoints").exists()  # refused before any model was built
+
+
+def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path):
+    # k = 3, checkpoint at step 4: buffer 1 is being trained on and buffer 2 is in flight from the weights of
+    # step 3. The resumed run must regenerate buffer 2 from the saved sampler weights and end identical.
+    common = [*ASYNC, "algo=grpo_offpolicy", "algo.steps_per_generation=3", "trainer.max_steps=8",
+              "trainer.val_check_interval=100", "callbacks.model_checkpoint.every_n_train_steps=4",
+              "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
+              "callbacks.model_checkpoint.filename='step{step}'", "algo.truncated_reward=-1.0",
+              "algo.learning_rate=1e-3"]
+    full_summary, full = _run(tmp_path / "full", *common)
+    ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
+    state = torch.load(ckpt, weights_only=False)["RolloutDataModule"]
+    assert state["in_flight"]["round"] == 2 and state["in_flight"]["policy_version"] == 3
+    summary, resumed = _run(tmp_path / "resumed", *common, f"ckpt_path={ckpt}")
+    assert summary["steps"] == 8 and summary["sampler_refreshes"] == 3
+    # the regenerated buffer is counted once
+    assert (summary["completions"], summary["weight_syncs"]) == (full_summary["completions"], full_summary["weight_syncs"])
+    assert _same_weights(tmp_path / "full", tmp_path / "resumed")
+    cols = ["train/lag", "train/reward", "train/loss"]
+    pd.testing.assert_frame_equal(full[cols].iloc[4:].reset_index(drop=True), resumed[cols])
+
+
+class FaultyEngine(HFSamplerCopyEngine):
+    """A sampler whose third buffer stalls for 5 s (or fails): an engine that hangs or dies mid-run."""
+
+    mode = "hang"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def generate(self, model, prompts, params):
+        self.calls += 1
+        if self.calls == 3:
+            if self.mode == "die":
+                raise RuntimeError("sampler process died")
+            time.sleep(5)
+        return super().generate(model, prompts, params)
+
+
+class DyingEngine(FaultyEngine):
+    mode = "die"
+
+
+@pytest.mark.parametrize("engine,message", [("FaultyEngine", "did not deliver rollout buffer 2 within"),
+                                            ("DyingEngine", "sampler process died")])
+def test_a_hanging_or_dying_sampler_stops_the_run_naming_the_step(tmp_path, engine, message):
+    with pytest.raises(RolloutEngineError, match=f"step 4: .*{message}"):
+        _run(tmp_path, *ASYNC, f"rollout._target_={__name__}.{engine}", "rollout.generation_timeout_s=1",
+             "algo=grpo_offpolicy", "algo.steps_per_generation=2", "trainer.max_steps=8",
+             "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_checkpoint.monitor=null")
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 4  # the last good state is kept

@@ -1,0 +1,82 @@
+"""The sampler that owns its weights, and sampling with an explicit generator."""
+
+import pytest
+import torch
+
+from grpolab.rollout.copy_engine import HFSamplerCopyEngine
+from grpolab.rollout.engine import HFGenerationEngine, SamplingParams
+from grpolab.rollout.settings import RolloutSettings, split_rollout_config
+
+
+def _setup(tiny_spec):
+    tok = tiny_spec.load_tokenizer()
+    policy = tiny_spec.load_policy(None)
+    prompts = [tok("12+34=")["input_ids"]] * 6 + [tok("7+5=")["input_ids"]] * 6
+    return tok, policy, prompts
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_explicit_generator_draws_what_the_global_rng_draws_and_leaves_it_alone(tiny_spec, temperature):
+    tok, policy, prompts = _setup(tiny_spec)
+    engine = HFGenerationEngine(tiny_spec.stop_token_ids(tok), tok.pad_token_id)
+    torch.manual_seed(3)
+    a = engine.generate(policy, prompts, SamplingParams(temperature=temperature, max_new_tokens=10,
+                                                        return_log_probs=True))
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    b = engine.generate(policy, prompts, SamplingParams(temperature=temperature, max_new_tokens=10,
+                                                        return_log_probs=True,
+                                                        generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(torch.get_rng_state(), before)  # the trainer's RNG is untouched
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    # the engine's log-probs of the drawn tokens are those of the distribution sampled from, on both paths
+    assert b.log_probs.shape == a.log_probs.shape and torch.allclose(a.log_probs, b.log_probs, atol=1e-6)
+    assert (b.log_probs[b.completion_mask] < 0).all()
+
+
+def test_copy_engine_samples_from_its_copy_until_the_next_push(tiny_spec):
+    tok, policy, prompts = _setup(tiny_spec)
+    engine = HFSamplerCopyEngine(tiny_spec.stop_token_ids(tok), tok.pad_token_id)
+    assert engine.owns_weights and not HFGenerationEngine.owns_weights
+    with pytest.raises(RuntimeError, match="sync_weights"):
+        engine.generate(policy, prompts, SamplingParams(max_new_tokens=4))
+    engine.sync_weights(policy)
+    params = SamplingParams(max_new_tokens=8, generator=torch.Generator().manual_seed(0))
+    first = engine.generate(policy, prompts, params)
+    with torch.no_grad():  # the trainer moves the live policy a lot
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p))
+    params.generator.manual_seed(0)
+    assert torch.equal(engine.generate(policy, prompts, params).completion_ids, first.completion_ids)
+    engine.sync_weights(policy)  # the push: the copy now equals the policy, and is still a separate module
+    assert engine.sampler_model is not policy
+    live = engine.validation_engine()
+    params.generator.manual_seed(0)
+    pushed = engine.generate(policy, prompts, params)
+    params.generator.manual_seed(0)
+    assert torch.equal(pushed.completion_ids, live.generate(policy, prompts, params).completion_ids)
+    state = engine.sampler_state_dict()
+    other = HFSamplerCopyEngine(tiny_spec.stop_token_ids(tok), tok.pad_token_id)
+    other.load_sampler_state_dict(state, like=tiny_spec.load_policy(None))
+    assert all(torch.equal(v, other.sampler_model.state_dict()[k]) for k, v in state.items())
+
+
+def test_rollout_settings_split_and_validate():
+    from grpolab.config import GRPOConfig
+
+    args, settings = split_rollout_config({"_target_": "x", "generation_batch_size": None,
+                                           "async_generation": True, "max_lag": 25})
+    assert args == {"_target_": "x", "generation_batch_size": None}
+    k10 = GRPOConfig(steps_per_generation=10)
+    assert settings.validate(k10, owns_weights=True).push_delay(10) == 0  # 2k-1 = 19 <= 25: full overlap
+    assert RolloutSettings(True, 14).push_delay(10) == 5  # lags 10-5 .. 19-5
+    assert RolloutSettings(True, 9).push_delay(10) == 10  # no overlap: lags 0..9
+    with pytest.raises(ValueError, match="rollout.async_generation"):
+        RolloutSettings(async_generation=True).validate(k10, owns_weights=False)
+    with pytest.raises(ValueError, match="lacks .*load_sampler_state_dict"):  # owns weights, no sampler module
+        RolloutSettings(async_generation=True).validate(k10, owns_weights=True, engine=HFGenerationEngine)
+    RolloutSettings(async_generation=True).validate(k10, owns_weights=True, engine=HFSamplerCopyEngine)
+    with pytest.raises(ValueError, match="rollout.max_lag"):
+        RolloutSettings(max_lag=8).validate(k10, owns_weights=True)
+    with pytest.raises(ValueError, match="rollout.generation_timeout_s"):
+        RolloutSettings(generation_timeout_s=0).validate(k10, owns_weights=True)
