@@ -34,6 +34,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from grpolab.lora import AdapterDisabledReference, LoraSettings, apply_lora, is_peft
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -105,7 +107,10 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of ``policy``'s current weights, on the same device and dtype."""
+    """A frozen copy of ``policy``'s current weights, on the same device and dtype; for a LoRA policy the
+    same base weights with the adapters disabled (no second copy, :class:`~grpolab.lora.AdapterDisabledReference`)."""
+    if is_peft(policy):
+        return AdapterDisabledReference(policy)
     return freeze(copy.deepcopy(policy))
 
 
@@ -143,6 +148,7 @@ class PretrainedModel:
         dtype: ``float32`` | ``bfloat16`` | ``float16`` for the weights.
         gradient_checkpointing: trade compute for activation memory in the policy.
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``flash_attention_2``, ``eager``).
+        lora: ``model.lora`` (:class:`~grpolab.lora.LoraSettings`); ``r: null`` = full fine-tuning.
     """
 
     def __init__(
@@ -154,7 +160,9 @@ class PretrainedModel:
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
+        lora: dict | None = None,
     ) -> None:
+        self.lora = LoraSettings.from_dict(lora)  # validated before any model is built
         if not (name_or_path or path):
             raise ValueError("model.name_or_path or model.path must be set")
         _check_local_folder("model.path", path, always_local=True)
@@ -201,7 +209,7 @@ class PretrainedModel:
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        return model
+        return apply_lora(model, self.lora)
 
 
 def _prepare_tokenizer(tok: Any) -> Any:
@@ -241,9 +249,10 @@ class TinyQwenModel(PretrainedModel):
         path: str | None = None,
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
+        lora: dict | None = None,
     ) -> None:
         super().__init__(name_or_path=tokenizer_path, path=path, tokenizer_path=None if path else tokenizer_path,
-                         dtype=dtype, gradient_checkpointing=gradient_checkpointing)
+                         dtype=dtype, gradient_checkpointing=gradient_checkpointing, lora=lora)
         self.arch = dict(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
                          num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
                          intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
@@ -305,8 +314,11 @@ class TinyCharModel(PretrainedModel):
         warmstart: dict | None = None,
         path: str | None = None,
         dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        lora: dict | None = None,
     ) -> None:
-        super().__init__(name_or_path="tiny-char", path=path, dtype=dtype)
+        super().__init__(name_or_path="tiny-char", path=path, dtype=dtype,
+                         gradient_checkpointing=gradient_checkpointing, lora=lora)
         self.arch = dict(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
                          num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
                          intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
@@ -338,7 +350,7 @@ class TinyCharModel(PretrainedModel):
     def load_policy(self, task: Any | None = None) -> torch.nn.Module:
         if self.path:
             return super().load_policy(task)
-        return disable_dropout(self._build(task))
+        return self._finish(self._build(task))  # dropout off, checkpointing, LoRA
 
     def _build(self, task: Any | None) -> torch.nn.Module:
         tok = self.load_tokenizer()

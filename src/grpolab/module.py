@@ -7,6 +7,7 @@ denominator (so the result does not depend on the split), non-finite losses and 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -20,8 +21,9 @@ import torch
 from grpolab.algo.advantages import group_reward_summary
 from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate
 from grpolab.algo.kl import masked_mean
-from grpolab.algo.losses import grpo_loss, loss_denominator, loss_stats_to_metrics, merge_loss_stats
+from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.config import GRPOConfig
+from grpolab.distributed import step_denominator
 from grpolab.errors import NonFiniteLossError
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
@@ -118,10 +120,9 @@ class GRPOModule(L.LightningModule):
         opt = self.optimizers()
         n = len(mb)
         size = c.micro_batch_size or n
-        denominator = loss_denominator(mb.loss_mask, c.loss_type, c.max_completion_length)
-        if c.loss_type == "dapo" and self.trainer.world_size > 1:  # global token count across ranks
-            denominator = float(self.trainer.strategy.reduce(torch.tensor(denominator, device=self.device),
-                                                             reduce_op="sum"))
+        # TRL's normalisation under DDP's gradient averaging (dapo: global token mean; others: per rank).
+        denominator = step_denominator(mb.loss_mask, c.loss_type, c.max_completion_length, self.trainer.world_size,
+                                       self._sum_over_ranks)
         stats, current, entropies, total = [], [], [], 0.0
         for s in range(0, n, size):
             rows = mb.rows(s, s + size)
@@ -137,7 +138,8 @@ class GRPOModule(L.LightningModule):
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(f"step {step}: loss is {loss.item()} in micro-batch starting at row {s} "
                                          f"(ratio max {float(st['ratio_max'])}, kl sum {float(st.get('kl_sum', 0))})")
-            self.manual_backward(loss)
+            with self._no_sync(last=s + size >= n):  # all-reduce gradients once, after the last micro-batch
+                self.manual_backward(loss)
             total += float(loss.detach())
             stats.append(st)
             current.append(cur)
@@ -158,6 +160,13 @@ class GRPOModule(L.LightningModule):
         self.time_train_s += time.perf_counter() - t0
         self._log_step(mb, total, stats, torch.cat(current), torch.cat(entropies), grad_norm, t0, bound, step)
         return torch.tensor(total)
+
+    def _sum_over_ranks(self, x: float) -> float:
+        return float(self.trainer.strategy.reduce(torch.tensor(x, device=self.device), reduce_op="sum"))
+
+    def _no_sync(self, last: bool) -> Any:
+        block = getattr(self.trainer.strategy, "block_backward_sync", None)  # DDP's no_sync (Lightning)
+        return contextlib.nullcontext() if last or block is None else block()
 
     def _clip_and_check(self, step: int) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]

@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
+from grpolab.distributed import check_devices
+from grpolab.lora import count_parameters, save_policy
 from grpolab.module import GRPOModule
 from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 from grpolab.rollout.datamodule import RolloutDataModule
@@ -81,6 +83,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
     engine_args, settings = rollout_settings(cfg, algo)
+    check_devices(cfg.trainer.get("accelerator"), cfg.trainer.get("devices"), cfg.trainer.get("num_nodes", 1))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")
@@ -117,10 +120,12 @@ def run_training(cfg: DictConfig) -> dict:
     if not module.val_history or module.val_history[-1]["step"] != module.global_step:
         trainer.validate(module, datamodule=dm, verbose=False)
     summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
+    summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
+    if not trainer.is_global_zero:  # under DDP only rank 0 writes the run folder
+        return summary
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if cfg.save_policy:
-        module.policy.save_pretrained(out / "policy")
-        module.tokenizer.save_pretrained(out / "policy")
+        save_policy(module.policy, module.tokenizer, out / "policy")
     log.info("summary: %s", json.dumps(summary))
     return summary
 

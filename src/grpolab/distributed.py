@@ -1,0 +1,134 @@
+"""Small helpers for multi-process training on existing engines (PyTorch DDP / FSDP2 through Lightning).
+
+Nothing here implements data parallelism: it only decides how the loss is normalised across ranks (TRL's
+semantics) and how full weights are read out of a wrapped or sharded policy, one module at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from grpolab.algo.losses import loss_denominator
+
+
+def step_denominator(loss_mask: Tensor, loss_type: str, max_completion_length: int | None, world_size: int = 1,
+                     sum_over_ranks: Callable[[float], float] | None = None) -> float:
+    """The loss normaliser of one optimizer step on this rank, such that DDP's gradient AVERAGE over
+    ``world_size`` ranks gives TRL's gradient.
+
+    * ``dapo``: the token count is summed over ranks and divided by ``world_size`` (TRL:
+      ``num_items_in_batch / num_processes``); after DDP averages, the gradient is the GLOBAL token mean,
+      identical to one process holding the whole global batch.
+    * ``grpo``, ``bnpo``, ``dr_grpo``: normalised per rank (:func:`~grpolab.algo.losses.loss_denominator`
+      on the local batch), then DDP averages the ranks' gradients (TRL's behaviour).
+
+    Args:
+        loss_mask: ``[B, T]`` loss mask of this rank's step batch (all micro-batches).
+        loss_type: ``grpo`` | ``bnpo`` | ``dr_grpo`` | ``dapo``.
+        max_completion_length: required for ``dr_grpo``.
+        world_size: number of data-parallel ranks (>= 1).
+        sum_over_ranks: all-reduce (sum) of a Python float across ranks; required when ``world_size > 1``
+            and ``loss_type == "dapo"``.
+
+    Returns:
+        The denominator (float >= 0) to pass to :func:`~grpolab.algo.losses.grpo_loss`.
+
+    Raises:
+        ValueError: ``world_size < 1``, or ``dapo`` on several ranks without ``sum_over_ranks``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    local = loss_denominator(loss_mask, loss_type, max_completion_length)
+    if loss_type != "dapo" or world_size == 1:
+        return local
+    if sum_over_ranks is None:
+        raise ValueError("loss_type 'dapo' on several ranks needs sum_over_ranks (the global token count)")
+    return float(sum_over_ranks(local)) / world_size
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP (``.module``) wrapper; other modules are returned as they are."""
+    while isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model
+
+
+def _full(t: Tensor) -> Tensor:
+    full_tensor = getattr(t, "full_tensor", None)  # a DTensor shard of FSDP2 (fully_shard): all-gather it
+    return full_tensor() if callable(full_tensor) else t
+
+
+@torch.no_grad()
+def iter_full_parameters(model: torch.nn.Module, include_buffers: bool = False) -> Iterator[tuple[str, Tensor]]:
+    """Yield ``(name, full tensor)`` for every parameter, gathering ONE module's tensors at a time.
+
+    For a rollout engine's weight sync: the whole model is never materialised at once on one rank. Works
+    for a plain module, a DDP-wrapped one (names without ``module.``) and an FSDP2 (``fully_shard``) one,
+    whose DTensor shards are all-gathered module by module (every rank must iterate: it is a collective).
+    Tied parameters are yielded once, under their first name.
+
+    Args:
+        model: the policy (plain, DDP or FSDP2).
+        include_buffers: also yield buffers (e.g. rotary ``inv_freq``).
+
+    Yields:
+        ``(qualified name, tensor)``; the tensor is a full, detached tensor on the parameter's device
+        (a gathered copy for FSDP2, the parameter itself otherwise).
+
+    Raises:
+        TypeError: for an FSDP1 ``FullyShardedDataParallel`` model (use ``trainer=fsdp``, which is FSDP2).
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = unwrap(model)
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        raise TypeError("iter_full_parameters supports plain, DDP and FSDP2 (fully_shard) modules, not FSDP1")
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():
+        tensors = list(module.named_parameters(recurse=False))
+        if include_buffers:
+            tensors += list(module.named_buffers(recurse=False))
+        for name, t in tensors:
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            yield (f"{prefix}.{name}" if prefix else name), _full(t).detach()
+
+
+def check_devices(accelerator: str | None, devices: object, num_nodes: int = 1) -> None:
+    """Fail early, naming ``trainer.devices``, when more devices are asked for than this node has.
+
+    CPU processes are limited to ``os.cpu_count()`` (one core per rank at least); GPUs to
+    ``torch.cuda.device_count()``. ``devices`` may be an int, ``"auto"``, ``-1`` or a list of ids.
+
+    Raises:
+        ValueError: naming ``trainer.devices`` (or ``trainer.num_nodes``) and what the machine has.
+    """
+    if not (isinstance(num_nodes, int) and num_nodes >= 1):
+        raise ValueError(f"trainer.num_nodes must be an int >= 1, got {num_nodes!r}")
+    if devices in ("auto", -1, "-1", None):
+        return
+    if isinstance(devices, str):
+        try:
+            devices = int(devices)
+        except ValueError:
+            devices = [d for d in devices.split(",") if d.strip()]
+    count = len(devices) if isinstance(devices, (list, tuple)) else devices
+    if not (isinstance(count, int) and count >= 1):
+        raise ValueError(f"trainer.devices must be an int >= 1, a list of ids, 'auto' or -1, got {devices!r}")
+    acc = (accelerator or "auto").lower()
+    gpus = torch.cuda.device_count()
+    if acc in ("gpu", "cuda") or (acc == "auto" and gpus > 0):
+        if count > gpus:
+            raise ValueError(f"trainer.devices={count} but this machine has {gpus} GPU(s) "
+                             f"(torch.cuda.device_count()); lower trainer.devices or use more nodes "
+                             f"(trainer.num_nodes)")
+    elif acc == "cpu":
+        cpus = os.cpu_count() or 1
+        if count > cpus:
+            raise ValueError(f"trainer.devices={count} CPU processes but this machine has {cpus} cores "
+                             f"(os.cpu_count()); lower trainer.devices")

@@ -1,0 +1,166 @@
+"""LoRA through PEFT: settings (``model.lora``), wrapping the policy, the adapter-disabled reference model,
+parameter counts and the merged export.
+
+With LoRA the reference model of the KL term (``algo.beta > 0``) is the SAME base weights with the adapters
+switched off (PEFT's ``disable_adapter``), so it costs no second copy of the model (as in TRL).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Qwen2/Llama projection names: every linear layer of attention and MLP (lm_head/embeddings excluded).
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraSettings:
+    """``model.lora``: LoRA adapters on the policy (PEFT ``LoraConfig``); ``r = None`` = full fine-tuning.
+
+    Attributes:
+        r: adapter rank (int >= 1) or None.
+        alpha: ``lora_alpha`` (> 0); the update is scaled by ``alpha / r``.
+        dropout: ``lora_dropout`` in [0, 1). Keep 0 for exact on-policy ratios: with dropout the training
+            forward differs from the sampler's (pitfalls.md #8).
+        target_modules: module names (last name component, e.g. ``q_proj``) or ``"all-linear"``.
+
+    Raises:
+        ValueError: naming ``model.lora.<key>`` for an invalid value.
+    """
+
+    r: int | None = None
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: Any = DEFAULT_TARGET_MODULES
+
+    def __post_init__(self) -> None:
+        if self.r is not None and not (isinstance(self.r, int) and not isinstance(self.r, bool) and self.r >= 1):
+            raise ValueError(f"model.lora.r must be null (full fine-tuning) or an int >= 1, got {self.r!r}")
+        if not (isinstance(self.alpha, int | float) and self.alpha > 0):
+            raise ValueError(f"model.lora.alpha must be a number > 0, got {self.alpha!r}")
+        if not (isinstance(self.dropout, int | float) and 0 <= self.dropout < 1):
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout!r}")
+        tm = self.target_modules
+        if isinstance(tm, str):
+            if tm != "all-linear":
+                raise ValueError(f"model.lora.target_modules must be a list of module names or 'all-linear', got {tm!r}")
+        else:
+            tm = list(tm or [])
+            if not tm or not all(isinstance(t, str) and t for t in tm):
+                raise ValueError(f"model.lora.target_modules must be a non-empty list of module names, got {tm!r}")
+            self.target_modules = tm
+
+    @classmethod
+    def from_dict(cls, values: Any) -> LoraSettings:
+        """From ``model.lora`` (a dict/DictConfig, or None for full fine-tuning); unknown keys raise."""
+        if values is None:
+            return cls()
+        values = dict(values)
+        unknown = sorted(set(values) - {"r", "alpha", "dropout", "target_modules"})
+        if unknown:
+            raise ValueError(f"model.lora: unknown key(s) {unknown}; known: r, alpha, dropout, target_modules")
+        if "target_modules" in values and not isinstance(values["target_modules"], str | None):
+            values["target_modules"] = list(values["target_modules"])
+        return cls(**values)
+
+    @property
+    def enabled(self) -> bool:
+        return self.r is not None
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """Distinct last-component names of the ``nn.Linear`` modules of ``model`` (candidate LoRA targets)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+
+
+def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+    """Wrap ``model`` in a PEFT LoRA model (base weights frozen); returns ``model`` unchanged when disabled.
+
+    Raises:
+        ValueError: naming ``model.lora.target_modules`` and listing the model's linear module names when a
+            target names no module.
+    """
+    if not settings.enabled:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    if settings.target_modules != "all-linear":
+        names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [t for t in settings.target_modules if t not in names]
+        if missing:
+            raise ValueError(f"model.lora.target_modules {missing} name no module of this model; its linear "
+                             f"modules are {linear_module_names(model)}")
+    config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=settings.target_modules, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    counts = count_parameters(peft_model)
+    log.info("LoRA r=%d on %s: %d of %d parameters trainable", settings.r, settings.target_modules,
+             counts["num_trainable_params"], counts["num_params"])
+    return peft_model
+
+
+def is_peft(model: Any) -> bool:
+    return callable(getattr(model, "disable_adapter", None)) and hasattr(model, "peft_config")
+
+
+class AdapterDisabledReference(torch.nn.Module):
+    """The frozen reference model as the policy's base weights with the LoRA adapters disabled.
+
+    It owns no parameters (the policy is held outside the module tree, so checkpoints and DDP see it once);
+    every forward runs the policy in eval mode, without grad, inside ``disable_adapter()``. It has the call
+    interface the rollout code uses for a reference model (``model(**inputs)``, ``parameters()``, ``eval()``).
+    """
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        if not is_peft(policy):
+            raise TypeError("AdapterDisabledReference needs a PEFT model (model.lora.r set)")
+        object.__setattr__(self, "_policy", policy)  # not a submodule: no duplicate weights in state_dict
+
+    def parameters(self, recurse: bool = True):  # noqa: D102 - device/dtype lookups by the rollout code
+        return self._policy.parameters(recurse)
+
+    @torch.no_grad()
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        was_training = self._policy.training
+        self._policy.eval()  # no dropout in the reference
+        try:
+            with self._policy.disable_adapter():
+                return self._policy(*args, **kwargs)
+        finally:
+            self._policy.train(was_training)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("the LoRA reference is the base model; algo.ref_refresh_every is not supported "
+                                  "with model.lora.r")
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    """``num_params`` (all distinct parameters, adapters included) and ``num_trainable_params``."""
+    params = {id(p): p for p in model.parameters()}.values()
+    return {"num_params": int(sum(p.numel() for p in params)),
+            "num_trainable_params": int(sum(p.numel() for p in params if p.requires_grad))}
+
+
+def save_policy(policy: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+    """Write the policy to ``folder`` so that ``AutoModelForCausalLM.from_pretrained(folder)`` loads it.
+
+    A LoRA policy is exported MERGED (base + ``alpha / r`` * B A), and its adapter is saved beside it in
+    ``folder/adapter`` (``PeftModel.from_pretrained(base, folder / "adapter")``). Merging happens in place:
+    afterwards ``policy`` computes the same function through the merged weights.
+    """
+    folder = Path(folder)
+    if is_peft(policy):
+        policy.save_pretrained(folder / "adapter")
+        merged = policy.merge_and_unload()
+        merged.save_pretrained(folder)
+    else:
+        policy.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
