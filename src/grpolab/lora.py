@@ -75,6 +75,19 @@ class LoraSettings:
         return self.r is not None
 
 
+def validate_lora(values: Any, ref_refresh_every: int | None = None) -> LoraSettings:
+    """Check ``model.lora`` (and its combination with ``algo.ref_refresh_every``) before any model is built.
+
+    Raises:
+        ValueError: naming the key at fault.
+    """
+    settings = LoraSettings.from_dict(values)
+    if settings.enabled and ref_refresh_every:
+        raise ValueError("algo.ref_refresh_every must be null with model.lora.r: the LoRA reference model is the "
+                         "base weights with the adapters disabled")
+    return settings
+
+
 def linear_module_names(model: torch.nn.Module) -> list[str]:
     """Distinct last-component names of the ``nn.Linear`` modules of ``model`` (candidate LoRA targets)."""
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})

@@ -1,0 +1,27 @@
+"""A test-only Lightning callback for the multi-process runs: what each rank trained on, and its weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import torch
+
+
+class RankAudit(L.Callback):
+    """Appends ``{"rank", "step", "uids"}`` per training step to ``<out>/rank<r>.jsonl`` and saves the
+    policy's final state dict to ``<out>/rank<r>.pt``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        row = {"rank": trainer.global_rank, "step": trainer.global_step, "uids": batch.info["uids"]}
+        with (self.out / f"rank{trainer.global_rank}.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        state = {k: v.detach().cpu().clone() for k, v in pl_module.policy.state_dict().items()}
+        torch.save(state, self.out / f"rank{trainer.global_rank}.pt")
