@@ -99,6 +99,49 @@ def iter_full_parameters(model: torch.nn.Module, include_buffers: bool = False) 
             yield (f"{prefix}.{name}" if prefix else name), _full(t).detach()
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """True when ``model`` holds FSDP2 (DTensor) parameters."""
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def shard_models(policy: torch.nn.Module, reference: torch.nn.Module | None, mesh: object) -> None:
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) over the data-parallel ranks of ``mesh`` (Lightning's
+    ``ModelParallelStrategy`` device mesh): each decoder layer is one unit, the rest of the model the root.
+
+    ``generate`` is registered as an FSDP forward method and the model is marked FSDP-managed, so Hugging Face
+    ``generate`` runs with ``synced_gpus`` (every rank keeps stepping until all ranks have finished, as the
+    per-layer all-gathers are collectives). A reference model that is a separate copy is sharded the same way;
+    the LoRA reference (adapters disabled) shares the policy and needs nothing.
+
+    Args:
+        policy: the Hugging Face causal LM or its PEFT wrapper.
+        reference: the frozen reference model or None.
+        mesh: a ``DeviceMesh``; its ``data_parallel`` dimension is used when named.
+    """
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    dp_mesh = mesh["data_parallel"] if "data_parallel" in names else mesh
+    for model in (policy, reference):
+        if model is None or not any(True for _ in model.named_parameters()) or is_sharded(model):
+            continue
+        base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+        for layer in [m for m in base.modules() if type(m).__name__.endswith("DecoderLayer")]:
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(base, mesh=dp_mesh)
+        register_fsdp_forward_method(base, "generate")
+        base._is_fsdp_managed_module = True  # transformers: generate(synced_gpus=True) across ranks
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The full (unsharded) state dict on CPU; a collective for FSDP2 models (call it on every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not is_sharded(model):
+        return model.state_dict()
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
 def check_devices(accelerator: str | None, devices: object, num_nodes: int = 1) -> None:
     """Fail early, naming ``trainer.devices``, when more devices are asked for than this node has.
 

@@ -162,14 +162,28 @@ def count_parameters(model: torch.nn.Module) -> dict[str, int]:
             "num_trainable_params": int(sum(p.numel() for p in params if p.requires_grad))}
 
 
-def save_policy(policy: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+def save_policy(policy: torch.nn.Module, tokenizer: Any, folder: Path, write: bool = True) -> None:
     """Write the policy to ``folder`` so that ``AutoModelForCausalLM.from_pretrained(folder)`` loads it.
 
     A LoRA policy is exported MERGED (base + ``alpha / r`` * B A), and its adapter is saved beside it in
     ``folder/adapter`` (``PeftModel.from_pretrained(base, folder / "adapter")``). Merging happens in place:
-    afterwards ``policy`` computes the same function through the merged weights.
+    afterwards ``policy`` computes the same function through the merged weights. An FSDP2-sharded policy is
+    gathered first: call this on EVERY rank (a collective), with ``write`` true on rank 0 only.
     """
+    from grpolab.distributed import full_state_dict, is_sharded
+
     folder = Path(folder)
+    if is_sharded(policy):
+        if is_peft(policy):
+            raise NotImplementedError("exporting a LoRA policy trained with trainer=fsdp is not supported; use "
+                                      "trainer=ddp with model.lora.r (the adapters are small)")
+        state = full_state_dict(policy)
+        if write:
+            policy.save_pretrained(folder, state_dict=state)
+            tokenizer.save_pretrained(folder)
+        return
+    if not write:
+        return
     if is_peft(policy):
         policy.save_pretrained(folder / "adapter")
         merged = policy.merge_and_unload()

@@ -23,7 +23,7 @@ from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrog
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.config import GRPOConfig
-from grpolab.distributed import step_denominator
+from grpolab.distributed import shard_models, step_denominator
 from grpolab.errors import NonFiniteLossError
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
@@ -91,6 +91,8 @@ class GRPOModule(L.LightningModule):
         self.policy.train()
         if self.cfg.beta > 0:  # with beta = 0 no reference model is loaded at all
             self.reference = make_reference(self.policy)
+        if self._device_mesh is not None:  # trainer=fsdp (Lightning ModelParallelStrategy): FSDP2 shards
+            shard_models(self.policy, self.reference, self._device_mesh)
 
     def configure_optimizers(self) -> Any:
         opt = self.optimizer_factory(params=[p for p in self.policy.parameters() if p.requires_grad])
@@ -171,14 +173,16 @@ class GRPOModule(L.LightningModule):
     def _clip_and_check(self, step: int) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else 0.0
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         if not math.isfinite(norm):
             raise NonFiniteLossError(f"step {step}: gradient norm is {norm}; the optimizer step was not taken")
         return norm
 
     def _check_weights(self, step: int) -> None:
         """Stop before a non-finite policy is checkpointed or sampled from (one reduction per tensor)."""
-        bad = [n for n, p in self.policy.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+        bad = [n for n, p in self.policy.named_parameters()
+               if p.requires_grad and not torch.isfinite(getattr(p, "_local_tensor", p)).all()]  # FSDP2: own shard
         if bad:
             raise NonFiniteLossError(f"step {step}: policy weights are non-finite after the optimizer step "
                                      f"({len(bad)} tensors, e.g. {bad[0]}); lower algo.learning_rate")

@@ -122,11 +122,12 @@ def run_training(cfg: DictConfig) -> dict:
         trainer.validate(module, datamodule=dm, verbose=False)
     summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
-    if not trainer.is_global_zero:  # under DDP only rank 0 writes the run folder
+    if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
+        save_policy(module.policy, module.tokenizer, out / "policy", write=trainer.is_global_zero)
+    if not trainer.is_global_zero:
         return summary
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    if cfg.save_policy:
-        save_policy(module.policy, module.tokenizer, out / "policy")
     log.info("summary: %s", json.dumps(summary))
     return summary
 

@@ -8,10 +8,12 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from grpolab.distributed import is_sharded, iter_full_parameters
+
 
 class RankAudit(L.Callback):
     """Appends ``{"rank", "step", "uids"}`` per training step to ``<out>/rank<r>.jsonl`` and saves the
-    policy's final state dict to ``<out>/rank<r>.pt``."""
+    policy's final full parameters (gathered module by module, so also under FSDP) to ``<out>/rank<r>.pt``."""
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
@@ -23,5 +25,6 @@ class RankAudit(L.Callback):
             f.write(json.dumps(row) + "\n")
 
     def on_train_end(self, trainer, pl_module) -> None:
-        state = {k: v.detach().cpu().clone() for k, v in pl_module.policy.state_dict().items()}
+        state = {k: v.cpu().clone() for k, v in iter_full_parameters(pl_module.policy)}
         torch.save(state, self.out / f"rank{trainer.global_rank}.pt")
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps({"sharded": is_sharded(pl_module.policy)}))
