@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -175,3 +176,44 @@ def check_devices(accelerator: str | None, devices: object, num_nodes: int = 1) 
         if count > cpus:
             raise ValueError(f"trainer.devices={count} CPU processes but this machine has {cpus} cores "
                              f"(os.cpu_count()); lower trainer.devices")
+
+
+def check_trainer(trainer: Any, export_lora: bool = False) -> None:
+    """Check the ``trainer`` config against this machine before any model is built.
+
+    Covers ``trainer.devices`` (:func:`check_devices`), ``trainer=fsdp`` (torch.distributed with gloo on
+    CPU or nccl on GPU) and ``trainer=deepspeed`` (the ``deepspeed`` package, GPUs).
+
+    Args:
+        trainer: the ``trainer`` config node (mapping with ``accelerator``, ``devices``, ``num_nodes``,
+            ``strategy``).
+        export_lora: a LoRA policy will be exported (``model.lora.r`` and ``save_policy``).
+
+    Raises:
+        ValueError: naming the key and saying what to use instead.
+    """
+    accelerator = trainer.get("accelerator")
+    check_devices(accelerator, trainer.get("devices"), trainer.get("num_nodes", 1))
+    strategy = trainer.get("strategy")
+    target = str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
+    on_gpu = str(accelerator).lower() in ("gpu", "cuda")
+    if "ModelParallelStrategy" in target or target in ("fsdp", "fsdp2"):
+        import torch.distributed as dist
+
+        backend_ok = dist.is_available() and (dist.is_nccl_available() if on_gpu else dist.is_gloo_available())
+        if not backend_ok:
+            raise ValueError(f"trainer=fsdp cannot run here: this torch build has no torch.distributed "
+                             f"{'nccl' if on_gpu else 'gloo'} backend; use trainer=ddp or a single process "
+                             f"(trainer=cpu / trainer=gpu)")
+        if export_lora:
+            raise ValueError("trainer=fsdp with model.lora.r cannot export the merged policy yet; use trainer=ddp "
+                             "with LoRA (the adapters are small), or save_policy=false")
+    if "DeepSpeed" in target or target.startswith("deepspeed"):
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ValueError("trainer=deepspeed needs the deepspeed package (pip install deepspeed) and GPUs; "
+                             "without them use trainer=fsdp (FSDP2, also on CPU) or trainer=ddp")
+        if not on_gpu:
+            raise ValueError("trainer=deepspeed runs on GPUs only (trainer.accelerator=gpu); on CPU use "
+                             "trainer=fsdp or trainer=ddp")

@@ -174,9 +174,8 @@ def save_policy(policy: torch.nn.Module, tokenizer: Any, folder: Path, write: bo
 
     folder = Path(folder)
     if is_sharded(policy):
-        if is_peft(policy):
-            raise NotImplementedError("exporting a LoRA policy trained with trainer=fsdp is not supported; use "
-                                      "trainer=ddp with model.lora.r (the adapters are small)")
+        if is_peft(policy):  # rejected before training by grpolab.distributed.check_trainer
+            raise NotImplementedError("exporting a LoRA policy trained with trainer=fsdp is not supported")
         state = full_state_dict(policy)
         if write:
             policy.save_pretrained(folder, state_dict=state)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
-from grpolab.distributed import check_devices
+from grpolab.distributed import check_trainer
 from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.module import GRPOModule
 from grpolab.rollout.copy_engine import HFSamplerCopyEngine
@@ -83,8 +83,8 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
     engine_args, settings = rollout_settings(cfg, algo)
-    check_devices(cfg.trainer.get("accelerator"), cfg.trainer.get("devices"), cfg.trainer.get("num_nodes", 1))
-    validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
+    lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
+    check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -15,8 +16,13 @@ class RankAudit(L.Callback):
     """Appends ``{"rank", "step", "uids"}`` per training step to ``<out>/rank<r>.jsonl`` and saves the
     policy's final full parameters (gathered module by module, so also under FSDP) to ``<out>/rank<r>.pt``."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, die_rank: int | None = None, die_at_step: int | None = None) -> None:
         self.out = Path(out)
+        self.die_rank, self.die_at_step = die_rank, die_at_step  # fault injection: that rank's process exits
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.die_rank and trainer.global_step == self.die_at_step:
+            os._exit(3)  # a hard crash (no exception, no cleanup), like an OOM kill
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

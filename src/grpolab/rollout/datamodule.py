@@ -201,6 +201,11 @@ class RolloutDataModule(L.LightningDataModule):
         own = getattr(self.engine, "sampler_model", None)
         return own if own is not None else self.module.policy
 
+    def _precision(self) -> Any:
+        """The training forward's precision context (bf16-mixed: autocast), so the lag-0 ratio is exactly 1."""
+        trainer = getattr(self.module, "_trainer", None)
+        return trainer.precision_plugin.forward_context() if trainer is not None else contextlib.nullcontext()
+
     def _take_rows(self) -> list[int]:
         n = self.cfg.steps_per_generation * self.cfg.prompts_per_step
         # Under DDP every rank draws the same global order and keeps its own disjoint slice; a group
@@ -225,8 +230,9 @@ class RolloutDataModule(L.LightningDataModule):
         step = self._step()
         self._push_weights(step)
         try:
-            self.buffer = self.producer.produce(self._sampler_policy(), self.module.reference, rows, self.rounds,
-                                                step)
+            with self._precision():
+                self.buffer = self.producer.produce(self._sampler_policy(), self.module.reference, rows,
+                                                    self.rounds, step)
         except RuntimeError as err:
             if "inf" in str(err) or "nan" in str(err):
                 raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
