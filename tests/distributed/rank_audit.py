@@ -20,13 +20,27 @@ class RankAudit(L.Callback):
         self.out = Path(out)
         self.die_rank, self.die_at_step = die_rank, die_at_step  # fault injection: that rank's process exits
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.allreduces = 0
+        model = trainer.strategy.model
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):  # count DDP's gradient all-reduces
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def counting_hook(state, bucket):
+                self.allreduces += 1
+                return allreduce_hook(None, bucket)
+
+            model.register_comm_hook(None, counting_hook)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_rank == self.die_rank and trainer.global_step == self.die_at_step:
             os._exit(3)  # a hard crash (no exception, no cleanup), like an OOM kill
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        row = {"rank": trainer.global_rank, "step": trainer.global_step, "uids": batch.info["uids"]}
+        row = {"rank": trainer.global_rank, "step": trainer.global_step, "uids": batch.info["uids"],
+               "allreduces": self.allreduces}
+        self.allreduces = 0
         with (self.out / f"rank{trainer.global_rank}.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
 

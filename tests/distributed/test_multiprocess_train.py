@@ -58,6 +58,9 @@ def test_two_process_ddp_trains_disjoint_whole_groups_and_keeps_ranks_identical(
         assert all(set(Counter(u).values()) == {G} for u in uids)
         # ... and the ranks sample disjoint prompts
         assert not set(uids[0]) & set(uids[1])
+    # 8 completions per rank in micro-batches of 4: DDP all-reduces the (one-bucket) gradient once per
+    # optimizer step, after the last micro-batch (no_sync on the others)
+    assert [row["allreduces"] for r in (0, 1) for row in rows[r]] == [1] * (2 * STEPS)
     seen = [set(u for row in rows[r] for u in row["uids"]) for r in (0, 1)]
     assert not seen[0] & seen[1]
     w0, w1 = _weights(out, 0), _weights(out, 1)
