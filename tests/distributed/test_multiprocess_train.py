@@ -14,6 +14,8 @@ import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT
 from transformers import AutoModelForCausalLM
 
+pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
+
 STEPS, G = 3, 4
 COMMON = ["trainer.devices=2", "algo.loss_type=dapo", f"trainer.max_steps={STEPS}", "algo.micro_batch_size=4",
           "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3", f"algo.num_generations={G}", "algo.beta=0.04",

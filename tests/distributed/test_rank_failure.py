@@ -1,7 +1,11 @@
 """A rank that dies stops the others: the run exits with an error instead of hanging."""
 
+import os
+
 import pytest
 from test_multiprocess_train import train
+
+pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
 
 
 @pytest.mark.slow
