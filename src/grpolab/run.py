@@ -84,7 +84,8 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         check_checkpoint(cfg.ckpt_path)
     engine_args, settings = rollout_settings(cfg, algo)
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
-    check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy))
+    check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy),
+                  rollout_target=str(cfg.rollout.get("_target_", "")))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")
