@@ -182,7 +182,7 @@ class GRPOModule(L.LightningModule):
     def _check_weights(self, step: int) -> None:
         """Stop before a non-finite policy is checkpointed or sampled from (one reduction per tensor)."""
         bad = [n for n, p in self.policy.named_parameters()
-               if p.requires_grad and not torch.isfinite(getattr(p, "_local_tensor", p)).all()]  # FSDP2: own shard
+               if p.requires_grad and not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()]
         if bad:
             raise NonFiniteLossError(f"step {step}: policy weights are non-finite after the optimizer step "
                                      f"({len(bad)} tensors, e.g. {bad[0]}); lower algo.learning_rate")
