@@ -55,6 +55,8 @@ class GRPOConfig:
     zero_std_threshold: float = 0.0
     learning_rate: float = 1e-4
     max_grad_norm: float | None = 1.0
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_cap: float = 3.0
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -100,6 +102,11 @@ class GRPOConfig:
         need(isinstance(self.zero_std_threshold, int | float) and not isinstance(self.zero_std_threshold, bool)
              and math.isfinite(self.zero_std_threshold) and self.zero_std_threshold >= 0,
              "zero_std_threshold", "must be a finite number >= 0 (0 = all rewards exactly equal)")
+        need(isinstance(self.vllm_importance_sampling_correction, bool), "vllm_importance_sampling_correction",
+             "must be true or false")
+        need(isinstance(self.vllm_importance_sampling_cap, int | float) and not isinstance(self.vllm_importance_sampling_cap, bool)
+             and math.isfinite(self.vllm_importance_sampling_cap) and self.vllm_importance_sampling_cap >= 1.0,
+             "vllm_importance_sampling_cap", "must be a finite number >= 1 (TRL default 3.0)")
         self.loss_config()  # validates epsilon, epsilon_high, clip_mode, kl_estimator, loss_type, ...
         if self.kl_estimator == "k1" and self.beta > 0:
             log.warning("algo.kl_estimator=k1 with algo.beta=%s: as a loss term k1 = logp - ref_logp has zero "

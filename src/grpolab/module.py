@@ -22,6 +22,7 @@ from grpolab.algo.advantages import group_reward_summary
 from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
+from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
 from grpolab.config import GRPOConfig
 from grpolab.distributed import shard_models, step_denominator
 from grpolab.errors import NonFiniteLossError
@@ -77,6 +78,7 @@ class GRPOModule(L.LightningModule):
         self._fit_start: float | None = None
         self._zero_variance_streak = 0
         self._lag_max = 0
+        self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
 
     @property
     def tokenizer(self) -> Any:
@@ -135,8 +137,11 @@ class GRPOModule(L.LightningModule):
             cur = logp.detach()
             sampler = rows["sampler_logp"] if rows["sampler_logp"] is not None else cur
             anchor = self._anchor(mb, s, s + size, cur)
+            weights = None
+            if c.vllm_importance_sampling_correction and rows["engine_logp"] is not None:  # TRL's truncated IS
+                weights = truncated_importance_weights(sampler, rows["engine_logp"], c.vllm_importance_sampling_cap)
             loss, st = grpo_loss(logp, sampler, anchor, rows["advantages"], rows["loss_mask"], self.loss_cfg,
-                                 denominator, rows["ref_logp"])
+                                 denominator, rows["ref_logp"], token_weights=weights)
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(f"step {step}: loss is {loss.item()} in micro-batch starting at row {s} "
                                          f"(ratio max {float(st['ratio_max'])}, kl sum {float(st.get('kl_sum', 0))})")
@@ -148,6 +153,7 @@ class GRPOModule(L.LightningModule):
             entropies.append(entropy)
         if mb.iteration == 0 and c.num_iterations > 1:
             self._anchors = {(mb.round, mb.index): torch.cat(current).cpu()}
+        self._mismatch = self._sampling_mismatch(mb, torch.cat(current), step)
         grad_norm = self._clip_and_check(step)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -169,6 +175,25 @@ class GRPOModule(L.LightningModule):
     def _no_sync(self, last: bool) -> Any:
         block = getattr(self.trainer.strategy, "block_backward_sync", None)  # DDP's no_sync (Lightning)
         return contextlib.nullcontext() if last or block is None else block()
+
+    def _sampling_mismatch(self, mb: Minibatch, current: torch.Tensor, step: int) -> dict[str, float]:
+        """Engine vs trainer log-probs of the SAME weights on the first use of a minibatch (TRL's ``sampling/*``).
+
+        The trainer's side is the recomputed ``log alpha`` when there is one, else the current log-probs when
+        the policy still holds the sampler's weights (lag 0); at lag > 0 without a recompute the two would mix
+        the mismatch with staleness, so nothing is logged.
+        """
+        if mb.engine_logp is None or mb.iteration != 0:
+            return {}
+        if mb.sampler_logp is not None and not mb.sampler_logp_from_engine:
+            trainer = mb.sampler_logp
+        elif mb.policy_version == step:
+            trainer = current
+        else:
+            return {}
+        cap = self.cfg.vllm_importance_sampling_cap if self.cfg.vllm_importance_sampling_correction else None
+        return sampling_mismatch_metrics(trainer.to(current.device), mb.engine_logp.to(current.device),
+                                         mb.completion_mask.to(current.device), cap)
 
     def _clip_and_check(self, step: int) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
@@ -228,6 +253,7 @@ class GRPOModule(L.LightningModule):
             vals = [v for v in values if v is not None]
             m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else 0.0
         m.update(loss_stats_to_metrics(merge_loss_stats(stats)))
+        m.update(self._mismatch)
         # Paper diagnostics (paper.md §3.6): policy vs sampler, c(x), surrogate at pi = pi_k; Theorem 1 at pi_{k+1}.
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
         div = policy_sampler_divergence(logp, sampler, mask)

@@ -16,6 +16,7 @@ from grpolab.algo.losses import (
     merge_loss_stats,
 )
 from grpolab.algo.masks import CompletionMask, completion_mask
+from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
 
 __all__ = [
     "AdvantageResult",
@@ -34,8 +35,10 @@ __all__ = [
     "masked_mean",
     "merge_loss_stats",
     "policy_sampler_divergence",
+    "sampling_mismatch_metrics",
     "selective_log_softmax",
     "surrogate",
     "theorem1_lower_bound",
     "token_log_probs",
+    "truncated_importance_weights",
 ]

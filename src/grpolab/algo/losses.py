@@ -208,6 +208,7 @@ def grpo_loss(
     cfg: LossConfig,
     denominator: float,
     ref_logp: Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped importance-sampled GRPO loss of one micro-batch (to MINIMISE).
 
@@ -235,6 +236,9 @@ def grpo_loss(
         cfg: :class:`LossConfig`.
         denominator: from :func:`loss_denominator` over the whole step batch, ``>= 0``.
         ref_logp: ``[B, T]`` reference log-probs; required when ``cfg.beta > 0``.
+        token_weights: ``[B, T]`` detached per-token factors of the loss (KL term included), e.g. the
+            truncated importance weights of the engine/trainer mismatch (TRL multiplies ``per_token_loss`` by
+            them when ``vllm_importance_sampling_correction`` is on); None = 1.
 
     Returns:
         ``(loss, stats)``: ``loss`` is a 0-dim tensor (this micro-batch's sum / ``denominator``);
@@ -294,6 +298,11 @@ def grpo_loss(
         kl = torch.where(mask, kl_penalty(logp, ref_safe, cfg.kl_estimator), zeros)
         if cfg.beta > 0:
             per_token = per_token + cfg.beta * kl
+    if token_weights is not None:
+        if token_weights.shape != logp.shape:
+            raise ValueError(f"token_weights must have the shape of logp {tuple(logp.shape)}, "
+                             f"got {tuple(token_weights.shape)}")
+        per_token = per_token * torch.where(mask, token_weights.detach().to(logp.dtype), zeros)
     per_token = torch.where(mask, per_token, zeros)
 
     if cfg.loss_type == "grpo":

@@ -24,7 +24,9 @@ class Minibatch:
     None. ``round`` is the sampler refresh this came from; ``index`` its position in the buffer (its lag in
     optimizer steps, divided by num_iterations); ``iteration`` which of its ``num_iterations`` uses this is.
     ``info`` holds plain-Python columns for logging (uids, prompt and completion text, per-function
-    rewards).
+    rewards). ``engine_logp`` [B, L] holds the engine's own log-probs of the sampled tokens (vLLM; None for
+    engines that report none), kept to measure the train-inference mismatch; ``sampler_logp_from_engine``
+    says that ``sampler_logp`` IS ``engine_logp`` (no trainer forward was spent on it).
     """
 
     prompt_ids: torch.Tensor
@@ -44,6 +46,8 @@ class Minibatch:
     iteration: int = 0
     policy_version: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    engine_logp: torch.Tensor | None = None
+    sampler_logp_from_engine: bool = False
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -63,7 +67,7 @@ class Minibatch:
     def rows(self, start: int, stop: int) -> dict[str, torch.Tensor | None]:
         """Row slice of every per-row tensor (for micro-batching)."""
         names = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "loss_mask",
-                 "sampler_logp", "ref_logp")
+                 "sampler_logp", "ref_logp", "engine_logp")
         return {k: (None if getattr(self, k) is None else getattr(self, k)[start:stop]) for k in names}
 
 

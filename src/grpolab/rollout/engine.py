@@ -2,7 +2,8 @@
 
 :class:`GenerationEngine` is the interface the data module and the evaluator use; :class:`HFGenerationEngine`
 implements it with Hugging Face ``generate`` (KV cache, left padding, every stop id) on the live policy.
-Engines that own a copy of the weights (:class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine`, vLLM)
+Engines that own a copy of the weights (:class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine`,
+:class:`~grpolab.rollout.vllm_engine.VLLMGenerationEngine`)
 receive the policy's weights once every ``steps_per_generation`` steps, which is where the off-policy
 schedule saves its time.
 """
@@ -53,6 +54,10 @@ class Generation:
         truncated: [B] bool, True when no stop token was sampled within ``max_new_tokens``.
         log_probs: [B, L] float32 log-probs of the sampled tokens from ``generate``'s processed scores (0
             after the first stop token), or None unless ``SamplingParams.return_log_probs``.
+        sampler_logp: [B, L] float32 or None, the log-probs an engine with its own weights reports for each
+            sampled completion token under the sampling temperature (vLLM's ``processed_logprobs``), 0 outside
+            ``completion_mask``; the producer stores them as log alpha. None when the engine reports none
+            (Hugging Face engines: see ``log_probs`` for their opt-in check) or for greedy decoding.
     """
 
     prompt_ids: torch.Tensor
@@ -61,6 +66,7 @@ class Generation:
     completion_mask: torch.Tensor
     truncated: torch.Tensor
     log_probs: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
 
 
 class GenerationEngine(Protocol):

