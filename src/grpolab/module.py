@@ -181,16 +181,16 @@ class GRPOModule(L.LightningModule):
 
         The trainer's side is the recomputed ``log alpha`` when there is one, else the current log-probs when
         the policy still holds the sampler's weights (lag 0); at lag > 0 without a recompute the two would mix
-        the mismatch with staleness, so nothing is logged.
+        the mismatch with staleness, so the values are NaN (Lightning would otherwise repeat the last ones).
         """
-        if mb.engine_logp is None or mb.iteration != 0:
+        if mb.engine_logp is None:
             return {}
-        if mb.sampler_logp is not None and not mb.sampler_logp_from_engine:
+        if mb.iteration == 0 and mb.sampler_logp is not None and not mb.sampler_logp_from_engine:
             trainer = mb.sampler_logp
-        elif mb.policy_version == step:
+        elif mb.iteration == 0 and mb.policy_version == step:
             trainer = current
         else:
-            return {}
+            return dict.fromkeys(sampling_mismatch_metrics(current[:0], current[:0], current[:0]), math.nan)
         cap = self.cfg.vllm_importance_sampling_cap if self.cfg.vllm_importance_sampling_correction else None
         return sampling_mismatch_metrics(trainer.to(current.device), mb.engine_logp.to(current.device),
                                          mb.completion_mask.to(current.device), cap)

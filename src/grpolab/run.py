@@ -70,6 +70,9 @@ def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any],
         log.info("rollout.async_generation=true: sampling from a copy of the policy (rollout=hf_copy)")
         engine_args["_target_"] = f"{HFSamplerCopyEngine.__module__}.{HFSamplerCopyEngine.__qualname__}"
         engine_cls = HFSamplerCopyEngine
+    if algo.vllm_importance_sampling_correction and not getattr(engine_cls, "reports_sampler_logp", False):
+        raise ValueError("algo.vllm_importance_sampling_correction=true needs an engine that reports its own "
+                         "log-probs (rollout=vllm); this rollout samples with the trainer's own forward")
     return engine_args, settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)), engine_cls)
 
 

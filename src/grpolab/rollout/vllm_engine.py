@@ -56,7 +56,9 @@ def import_vllm() -> Any:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
-    except ImportError as err:
+
+        vllm.LLM  # noqa: B018 - a folder named vllm on sys.path imports as an empty namespace package
+    except (ImportError, AttributeError) as err:
         raise ImportError(f"rollout=vllm needs vLLM, which is not installed here ({err}). Install it with "
                           f"{INSTALL_HINT}; see the README's install section.") from err
     logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup)
@@ -100,6 +102,7 @@ class VLLMGenerationEngine:
     """
 
     owns_weights = True
+    reports_sampler_logp = True  # Generation.sampler_logp holds the engine's own log-probs
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, gpu_memory_utilization: float = 0.3,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None, enable_sleep_mode: bool = False,

@@ -1,0 +1,158 @@
+"""rollout=vllm on this CPU (needs the vllm extra; skipped in the main environment, run by .ci/run in a second one).
+
+One engine is built per module (about 2 s in process) and shared: building a vLLM engine per test would cost
+more than the tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from conftest import FAST_OVERRIDES, TINY_ARCH, compose_train_cfg
+
+pytest.importorskip("vllm")
+
+from grpolab.models import TinyCharModel  # noqa: E402
+from grpolab.rollout.engine import SamplingParams  # noqa: E402
+from grpolab.rollout.forward import batched_log_probs  # noqa: E402
+from grpolab.rollout.vllm_engine import VLLMGenerationEngine  # noqa: E402
+from grpolab.run import build, summarize  # noqa: E402
+
+# vLLM's CPU attention kernels reject a head size of 16 (TINY_ARCH's 32 / 2 heads): one head of 32.
+VLLM_ARCH = {**TINY_ARCH, "num_attention_heads": 1, "num_key_value_heads": 1}
+VLLM_OVERRIDES = ["rollout=vllm", "model.num_attention_heads=1", "model.num_key_value_heads=1"]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return TinyCharModel(warmstart=None, **VLLM_ARCH)
+
+
+@pytest.fixture(scope="module")
+def engine_and_policy(spec):
+    tok = spec.load_tokenizer()
+    policy = spec.load_policy()
+    engine = VLLMGenerationEngine(stop_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    engine.sync_weights(policy)
+    return engine, policy, tok
+
+
+def _prompts(tok):
+    return [tok("12+34=")["input_ids"]] * 4 + [tok("7*8=")["input_ids"]] * 4
+
+
+def _trainer_logp(policy, gen, temperature):
+    batch = {k: getattr(gen, k) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+    return batched_log_probs(policy, batch, temperature, None)
+
+
+def test_start_up_check_passed_and_threads_and_rng_are_left_alone(engine_and_policy):
+    engine, _, _ = engine_and_policy
+    assert engine.weight_pushes == 1
+    assert engine.sync_check["mean_abs_logp_difference"] < 1e-5
+    torch.set_num_threads(1)  # vLLM replaces it with a no-op in process; the engine puts it back
+    assert torch.get_num_threads() == 1
+
+
+def test_engine_logp_equal_trainer_logp_after_a_push_and_the_push_changes_samples(engine_and_policy):
+    engine, policy, tok = engine_and_policy
+    params = SamplingParams(temperature=0.7, max_new_tokens=12)
+    torch.manual_seed(0)
+    before = engine.generate(policy, _prompts(tok), params)
+    with torch.no_grad():  # a new policy: the tied embedding / lm_head scaled, the last norm shifted
+        policy.model.embed_tokens.weight.mul_(4.0)
+        policy.model.norm.weight.add_(0.5)
+    torch.manual_seed(0)
+    stale = engine.generate(policy, _prompts(tok), params)
+    assert torch.equal(stale.completion_ids, before.completion_ids)  # no push yet: same weights, same seeds
+    pushes = engine.weight_pushes
+    engine.sync_weights(policy)
+    assert engine.weight_pushes == pushes + 1
+    torch.manual_seed(0)
+    after = engine.generate(policy, _prompts(tok), params)
+    assert not torch.equal(after.completion_ids, before.completion_ids)
+    mask = after.completion_mask
+    diff = ((_trainer_logp(policy, after, 0.7) - after.sampler_logp).abs() * mask).max()
+    assert diff < 1e-3, f"engine vs trainer log-probs differ by {diff} after a push"
+    assert (after.sampler_logp[~mask] == 0).all() and (after.sampler_logp[mask] < 0).all()
+    # the stale engine's log-probs were those of the old weights, so they differ from the new policy's
+    assert ((_trainer_logp(policy, stale, 0.7) - stale.sampler_logp).abs() * stale.completion_mask).max() > 1e-2
+
+
+def test_generation_masks_seeds_and_greedy(engine_and_policy):
+    engine, policy, tok = engine_and_policy
+    params = SamplingParams(temperature=1.0, max_new_tokens=10)
+    torch.manual_seed(3)
+    a = engine.generate(policy, _prompts(tok), params)
+    torch.manual_seed(3)
+    b = engine.generate(policy, _prompts(tok), params)
+    assert torch.equal(a.completion_ids, b.completion_ids)  # per-request seeds from torch's RNG
+    eos = tok.eos_token_id
+    for ids, m, t in zip(a.completion_ids, a.completion_mask, a.truncated):
+        n = int(m.sum())
+        stopped = bool((ids[:n] == eos).any())
+        assert stopped != bool(t)
+        if stopped:  # the mask ends at, and includes, the first stop token
+            assert int(ids[n - 1]) == eos and (ids[:n - 1] != eos).all()
+        else:
+            assert n == 10
+    greedy = engine.generate(policy, _prompts(tok)[:1], SamplingParams(max_new_tokens=10, do_sample=False))
+    assert greedy.sampler_logp is None
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate(policy, _prompts(tok)[:1], SamplingParams(max_new_tokens=200))
+
+
+def test_bad_knobs_name_the_config_key():
+    with pytest.raises(ValueError, match="rollout.gpu_memory_utilization"):
+        VLLMGenerationEngine([1], 0, gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="rollout.enable_sleep_mode"):
+        VLLMGenerationEngine([1], 0, enable_sleep_mode=True)  # not available on CPU
+
+
+def _fit(tmp_path, *overrides):
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *VLLM_OVERRIDES, *overrides])
+    parts = build(cfg)
+    trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
+    if cfg.val.at_start:  # as run_training: validation samples from the live policy, not from the engine
+        trainer.validate(module, datamodule=dm, verbose=False)
+    trainer.fit(module, datamodule=dm)
+    summary = summarize(cfg, parts["algo"], module, dm, 0.0)
+    return summary, dm.engine, pd.read_csv(tmp_path / "metrics.csv")
+
+
+def test_offpolicy_training_pushes_once_per_refresh_and_uses_the_engine_logp(tmp_path):
+    steps, k = 7, 3
+    summary, engine, metrics = _fit(tmp_path, "algo=grpo_offpolicy", f"algo.steps_per_generation={k}",
+                                    f"trainer.max_steps={steps}", "trainer.val_check_interval=100",
+                                    "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3")
+    refreshes = math.ceil(steps / k)
+    assert summary["steps"] == steps
+    assert engine.weight_pushes == summary["sampler_refreshes"] == refreshes
+    if "weight_syncs" in summary:  # counted around the data module's sync_weights call
+        assert summary["weight_syncs"] == refreshes
+    train = metrics.dropna(subset=["train/loss"])
+    diff = train["train/sampling/sampling_logp_difference/max"]
+    lag0 = train["train/lag"] == 0
+    # measured on the first use of each lag-0 minibatch only (elsewhere staleness would mix in)
+    assert diff[lag0].notna().all() and diff[~lag0].isna().all()
+    assert (diff[lag0] < 1e-3).all()
+    assert ((train["train/sampling/importance_sampling_ratio/min"][lag0] - 1).abs() < 1e-3).all()
+    # log alpha is the engine's: at lag 0 the ratio against it is 1 up to the engine/trainer mismatch
+    assert (train["train/ratio/mean"][lag0] - 1).abs().max() < 1e-3
+    assert (train["train/tv_token"][~lag0] > 0).all()  # later the policy has moved away from the sampler
+    assert metrics["val/accuracy"].notna().any()
+
+
+def test_recompute_and_importance_sampling_correction_log_every_minibatch(tmp_path):
+    _, engine, metrics = _fit(tmp_path, "algo=grpo_offpolicy", "algo.steps_per_generation=2", "trainer.max_steps=4",
+                              "trainer.val_check_interval=100", "val.at_start=false",
+                              "algo.vllm_importance_sampling_correction=true", "rollout.recompute_sampler_logp=true")
+    assert engine.weight_pushes == 2
+    train = metrics.dropna(subset=["train/loss"])
+    # the trainer's log alpha was recomputed at the refresh, so the mismatch is known at every lag
+    assert train["train/sampling/sampling_logp_difference/max"].notna().all()
+    assert (train["train/sampling/sampling_logp_difference/max"] < 1e-3).all()
+    assert (train["train/sampling/importance_sampling_ratio/max"] <= 3.0).all()
