@@ -23,7 +23,9 @@ from grpolab.run import build, summarize  # noqa: E402
 
 # vLLM's CPU attention kernels reject a head size of 16 (TINY_ARCH's 32 / 2 heads): one head of 32.
 VLLM_ARCH = {**TINY_ARCH, "num_attention_heads": 1, "num_key_value_heads": 1}
-VLLM_OVERRIDES = ["rollout=vllm", "model.num_attention_heads=1", "model.num_key_value_heads=1"]
+KV_BYTES = 64 << 20  # a small KV cache: several engines live in this process
+VLLM_OVERRIDES = ["rollout=vllm", "model.num_attention_heads=1", "model.num_key_value_heads=1",
+                  f"rollout.kv_cache_memory_bytes={KV_BYTES}"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,8 @@ def spec():
 def engine_and_policy(spec):
     tok = spec.load_tokenizer()
     policy = spec.load_policy()
-    engine = VLLMGenerationEngine(stop_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    engine = VLLMGenerationEngine(stop_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                                  kv_cache_memory_bytes=KV_BYTES)
     engine.sync_weights(policy)
     return engine, policy, tok
 
@@ -68,6 +71,8 @@ def test_engine_logp_equal_trainer_logp_after_a_push_and_the_push_changes_sample
     torch.manual_seed(0)
     stale = engine.generate(policy, _prompts(tok), params)
     assert torch.equal(stale.completion_ids, before.completion_ids)  # no push yet: same weights, same seeds
+    with pytest.raises(RuntimeError, match="stale"):  # the start-up check catches an engine that missed a push
+        engine._check_push(policy)
     pushes = engine.weight_pushes
     engine.sync_weights(policy)
     assert engine.weight_pushes == pushes + 1
