@@ -57,6 +57,8 @@ def arm_overrides(arm: str, engine: str, steps: int, threads: int | None, quick:
     if quick:  # k=2 instead of 10 so a few steps still cover a refresh with a buffer in flight
         over = [o.replace("steps_per_generation=10", "steps_per_generation=2") for o in over]
     over += [*COMMON, *(QUICK_WORK if quick else WORK), f"trainer.max_steps={steps}"]
+    if quick and engine == "vllm":  # vLLM's CPU attention rejects QUICK_WORK's head size of 16: one head of 32
+        over += ["model.num_attention_heads=1", "model.num_key_value_heads=1"]
     if threads is not None:
         over += ["+callbacks.threads._target_=grpolab.callbacks.threads.TorchThreads",
                  f"+callbacks.threads.num_threads={threads}"]

@@ -73,6 +73,13 @@ def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any],
     if algo.vllm_importance_sampling_correction and not getattr(engine_cls, "reports_sampler_logp", False):
         raise ValueError("algo.vllm_importance_sampling_correction=true needs an engine that reports its own "
                          "log-probs (rollout=vllm); this rollout samples with the trainer's own forward")
+    if (settings.async_generation and getattr(engine_cls, "reports_sampler_logp", False)
+            and (engine_args.get("recompute_sampler_logp") or algo.vllm_importance_sampling_correction)):
+        raise ValueError("rollout.async_generation=true with rollout=vllm takes log alpha from the engine: "
+                         "rollout.recompute_sampler_logp and algo.vllm_importance_sampling_correction need a trainer "
+                         "forward on the sampler's weights, which a background buffer does not have")
+    if settings.async_generation and getattr(engine_cls, "reports_sampler_logp", False):
+        engine_args["keep_sampler_weights"] = True  # a checkpoint with a buffer in flight stores the sampler's weights
     return engine_args, settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)), engine_cls)
 
 

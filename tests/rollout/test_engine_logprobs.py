@@ -99,3 +99,17 @@ def test_correction_without_an_engine_that_reports_log_probs_is_an_error(tmp_pat
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "algo.vllm_importance_sampling_correction=true"])
     with pytest.raises(ValueError, match="algo.vllm_importance_sampling_correction"):
         build(cfg)
+
+
+def test_async_vllm_refuses_a_recomputed_log_alpha(tmp_path):
+    # checked from the config alone (vLLM need not be installed): a background buffer has no trainer-side copy
+    # of the sampler's weights to recompute log alpha with
+    from grpolab.config import GRPOConfig
+    from grpolab.run import rollout_settings
+
+    for extra in (["rollout.recompute_sampler_logp=true"], ["algo.vllm_importance_sampling_correction=true"]):
+        cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "rollout=vllm", "algo=grpo_offpolicy",
+                                           "rollout.async_generation=true", *extra])
+        algo = GRPOConfig.from_dict(dict(cfg.algo))
+        with pytest.raises(ValueError, match="rollout.async_generation=true with rollout=vllm"):
+            rollout_settings(cfg, algo)

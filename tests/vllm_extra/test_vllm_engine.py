@@ -110,6 +110,27 @@ def test_generation_masks_seeds_and_greedy(engine_and_policy):
         engine.generate(policy, _prompts(tok)[:1], SamplingParams(max_new_tokens=200))
 
 
+def test_sampler_state_dict_round_trip(engine_and_policy, spec):
+    # what a checkpoint with a buffer in flight stores (rollout.async_generation) and a resumed run restores
+    engine, policy, tok = engine_and_policy
+    params = SamplingParams(temperature=1.0, max_new_tokens=10)
+    engine.keep_sampler_weights = True  # what the run sets with rollout.async_generation=true
+    engine.sync_weights(policy)
+    saved = engine.sampler_state_dict()
+    torch.manual_seed(5)
+    before = engine.generate(policy, _prompts(tok), params)
+    other = spec.load_policy()
+    with torch.no_grad():
+        other.model.embed_tokens.weight.mul_(-2.0)
+    engine.sync_weights(other)
+    engine.load_sampler_state_dict(saved, like=policy)
+    torch.manual_seed(5)
+    after = engine.generate(policy, _prompts(tok), params)
+    assert torch.equal(after.completion_ids, before.completion_ids)
+    assert torch.allclose(after.sampler_logp, before.sampler_logp)
+    engine.keep_sampler_weights = False
+
+
 def test_bad_knobs_name_the_config_key():
     with pytest.raises(ValueError, match="rollout.gpu_memory_utilization"):
         VLLMGenerationEngine([1], 0, gpu_memory_utilization=1.5)
@@ -161,3 +182,43 @@ def test_recompute_and_importance_sampling_correction_log_every_minibatch(tmp_pa
     assert train["train/sampling/sampling_logp_difference/max"].notna().all()
     assert (train["train/sampling/sampling_logp_difference/max"] < 1e-3).all()
     assert (train["train/sampling/importance_sampling_ratio/max"] <= 3.0).all()
+
+
+def test_async_generation_with_the_engine_log_probs(tmp_path):
+    steps, k = 6, 2
+    summary, engine, metrics = _fit(tmp_path, "algo=grpo_offpolicy", f"algo.steps_per_generation={k}",
+                                    f"trainer.max_steps={steps}", "trainer.val_check_interval=100", "val.at_start=false",
+                                    "rollout.async_generation=true", "algo.truncated_reward=-1.0",
+                                    "algo.learning_rate=1e-3")
+    train = metrics.dropna(subset=["train/loss"])
+    assert train["train/lag"].max() >= k  # buffer r+1 sampled while the trainer trained on buffer r
+    assert engine.weight_pushes == summary["weight_syncs"]
+    # the engine's log-probs are log alpha in the background too: the policy has moved away from them
+    assert (train["train/tv_token"][train["train/lag"] > 0] > 0).all()
+    assert train["train/sampling/sampling_logp_difference/max"].dropna().lt(1e-3).all()
+
+
+def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path):
+    # as tests/core/test_async.py with rollout=vllm: the checkpoint at step 4 holds buffer 2 in flight, sampled
+    # from the weights of step 3; the resumed run pushes the saved weights and regenerates it identically.
+    from transformers import AutoModelForCausalLM
+
+    from grpolab.run import run_training
+
+    common = [*FAST_OVERRIDES, *VLLM_OVERRIDES, "val.at_start=false", "rollout.async_generation=true",
+              "algo=grpo_offpolicy", "algo.steps_per_generation=3", "trainer.max_steps=8",
+              "trainer.val_check_interval=100", "callbacks.model_checkpoint.every_n_train_steps=4",
+              "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
+              "callbacks.model_checkpoint.filename='step{step}'", "algo.truncated_reward=-1.0",
+              "algo.learning_rate=1e-3"]
+    full_summary = run_training(compose_train_cfg(tmp_path / "full", common))
+    ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
+    assert torch.load(ckpt, weights_only=False)["RolloutDataModule"]["in_flight"]["policy_version"] == 3
+    summary = run_training(compose_train_cfg(tmp_path / "resumed", [*common, f"ckpt_path={ckpt}"]))
+    assert (summary["completions"], summary["weight_syncs"]) == (full_summary["completions"], full_summary["weight_syncs"])
+    wa, wb = (AutoModelForCausalLM.from_pretrained(tmp_path / p / "policy").state_dict() for p in ("full", "resumed"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    full, resumed = (pd.read_csv(tmp_path / p / "metrics.csv").dropna(subset=["train/loss"]).reset_index(drop=True)
+                     for p in ("full", "resumed"))
+    cols = ["train/lag", "train/reward", "train/loss"]
+    pd.testing.assert_frame_equal(full[cols].iloc[4:].reset_index(drop=True), resumed[cols])

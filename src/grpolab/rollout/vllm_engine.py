@@ -30,6 +30,7 @@ import math
 import os
 import random
 import tempfile
+import threading
 from typing import Any
 
 import torch
@@ -95,6 +96,8 @@ class VLLMGenerationEngine:
             between the engine's and the trainer's log-probs on a probe; None = 1e-3 for float32 weights and 0.05
             for 16-bit ones. A larger difference stops the run (a stale sampler is never silent).
         max_num_seqs: sequences vLLM decodes at once; None = vLLM's default.
+        keep_sampler_weights: keep a CPU copy of the last pushed weights for :meth:`sampler_state_dict` (exact
+            resume with a buffer in flight); set by the run when ``rollout.async_generation=true``.
 
     Raises:
         ImportError: vLLM is not installed (the message names the install command).
@@ -103,12 +106,15 @@ class VLLMGenerationEngine:
 
     owns_weights = True
     reports_sampler_logp = True  # Generation.sampler_logp holds the engine's own log-probs
+    # No trainer-side module holds the sampler's weights: with rollout.async_generation the engine's own log-probs
+    # are log alpha (a recompute would need one; run.rollout_settings refuses that combination).
+    sampler_model = None
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, gpu_memory_utilization: float = 0.3,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None, enable_sleep_mode: bool = False,
                  dtype: str = "auto", kv_cache_memory_bytes: int | None = None, enforce_eager: bool | None = None,
                  recompute_sampler_logp: bool = False, sync_check_tolerance: float | None = None,
-                 max_num_seqs: int | None = None) -> None:
+                 max_num_seqs: int | None = None, keep_sampler_weights: bool = False) -> None:
         if not stop_token_ids:
             raise ValueError("rollout: at least one stop token id is needed")
         if not (0 < gpu_memory_utilization <= 1):
@@ -149,11 +155,16 @@ class VLLMGenerationEngine:
         self.recompute_sampler_logp = bool(recompute_sampler_logp)
         self.sync_check_tolerance = sync_check_tolerance
         self.max_num_seqs = max_num_seqs
+        self.keep_sampler_weights = bool(keep_sampler_weights)
+        self._kept_state: dict[str, torch.Tensor] | None = None
         self.llm: Any = None
         self.weight_pushes = 0  # in-memory pushes of the trainer's weights (one per sampler refresh)
         self.sync_check: dict[str, float] = {}  # the start-up check's result
         self._asleep = False
         self._config_dir: tempfile.TemporaryDirectory | None = None
+        # One caller at a time: with rollout.async_generation a background thread generates while the trainer's
+        # thread may push or read the weights for a checkpoint; the in-process engine is not thread-safe.
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------------------ build
     def _engine_kwargs(self, model: Any) -> dict[str, Any]:
@@ -256,14 +267,19 @@ class VLLMGenerationEngine:
         Raises:
             RuntimeError: if this vLLM has no in-memory ``reload_weights``, or the start-up check fails.
         """
-        if self.llm is None:
-            self._build(model)
-        else:
-            self._push(model)
+        with self._lock:
+            if self.llm is None:
+                self._build(model)
+            else:
+                self._push(model)
 
     def _push(self, model: Any) -> None:
+        self._push_state(model.state_dict())  # checkpoint names; a tied lm_head.weight is skipped by vLLM, re-tied
+
+    def _push_state(self, state: dict[str, torch.Tensor]) -> None:
         self._wake()
-        state = model.state_dict()  # checkpoint names; a tied lm_head.weight is skipped by vLLM and re-tied
+        if self.keep_sampler_weights:
+            self._kept_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
         try:
             with torch.no_grad():
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items()),
@@ -274,6 +290,27 @@ class VLLMGenerationEngine:
                                f"{', '.join(TESTED_VLLM_VERSIONS)}. {INSTALL_HINT}") from err
         self.llm.reset_prefix_cache()  # KV blocks computed with the old weights must not be reused
         self.weight_pushes += 1
+
+    def sampler_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights of the last push (CPU clones, checkpoint names), for a checkpoint of a run whose next buffer
+        is in flight (rollout.async_generation). vLLM's CPU backend repacks its linear weights, so they are kept
+        from the push rather than read back from the engine.
+
+        Raises:
+            RuntimeError: unless the engine was built with ``keep_sampler_weights`` (the run sets it with
+                ``rollout.async_generation=true``) and has received weights.
+        """
+        with self._lock:
+            if self._kept_state is None:
+                raise RuntimeError("rollout=vllm: no sampler weights kept (keep_sampler_weights=false or no push yet)")
+            return dict(self._kept_state)
+
+    def load_sampler_state_dict(self, state: dict[str, torch.Tensor], like: Any) -> None:
+        """Push the weights of :meth:`sampler_state_dict` (building the engine from ``like``, the policy, first)."""
+        with self._lock:
+            if self.llm is None:
+                self._build(like)
+            self._push_state(state)
 
     def validation_engine(self) -> HFGenerationEngine:
         """An in-place engine for validation: held-out accuracy is measured on the live policy, not on the weights
@@ -312,6 +349,10 @@ class VLLMGenerationEngine:
         Raises:
             ValueError: if a prompt plus ``max_new_tokens`` exceeds the engine's ``max_model_len``.
         """
+        with self._lock:
+            return self._generate(model, prompts, params)
+
+    def _generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation:
         if self.llm is None:
             self._build(model)
         for i, p in enumerate(prompts):
