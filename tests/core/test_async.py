@@ -124,3 +124,13 @@ def test_a_hanging_or_dying_sampler_stops_the_run_naming_the_step(tmp_path, engi
              "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_checkpoint.monitor=null")
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 4  # the last good state is kept
+
+
+def test_async_on_policy_settings_still_store_log_alpha(tmp_path):
+    # k = i = 1 with async generation trains at lag 1: the ratio must be taken against the stale sampler,
+    # so log alpha has to be stored although the synchronous k = i = 1 run skips it (its ratio is exactly 1).
+    _, train = _run(tmp_path / "a", "rollout.async_generation=true", "trainer.max_steps=4",
+                    "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3")
+    assert train["train/lag"].tolist() == [0, 1, 1, 1]
+    # (the warm-up schedule's lr is 0 at step 0, so pi_1 = pi_0 and step 1's sampler is not yet stale)
+    assert train["train/tv_token"].iloc[:2].eq(0).all() and (train["train/tv_token"].iloc[2:] > 0).all()

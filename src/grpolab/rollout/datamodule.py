@@ -110,6 +110,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Attach the module that owns the live policy (its ``policy``, ``reference``, ``tokenizer``)."""
         self.module = module
         self.producer = RolloutProducer(self.cfg, self.task, module.tokenizer, self.engine, self.reward_model)
+        self.producer.needs_sampler_logp = self.cfg.reuses_samples or self.settings.async_generation
         # Held-out accuracy is measured on the live policy, also when the sampler owns a (stale) copy.
         val_engine = getattr(self.engine, "validation_engine", None)
         module.producer = self.producer.with_engine(val_engine()) if val_engine else self.producer

@@ -61,6 +61,9 @@ class RolloutProducer:
         self.reward_model = reward_model
         self.counters = {"unscorable": 0, "truncated": 0, "completions": 0}
         self._lock = threading.Lock()  # a background sampler and validation may both count
+        # log alpha is stored whenever a minibatch can be trained at a lag > 0: sample reuse, k > 1, or
+        # asynchronous generation (the data module sets this; with async even k = i = 1 trains at lag >= 1).
+        self.needs_sampler_logp = cfg.reuses_samples
 
     def with_engine(self, engine: GenerationEngine, own_counters: bool = False) -> RolloutProducer:
         """A producer that samples with ``engine``; it shares this one's counters (e.g. for validation) unless
@@ -164,9 +167,9 @@ class RolloutProducer:
                 engine_logp=None if gen.sampler_logp is None else gen.sampler_logp[sl],
             )
             mb = _trim(mb)
-            if c.reuses_samples and mb.engine_logp is not None and not recompute:
+            if self.needs_sampler_logp and mb.engine_logp is not None and not recompute:
                 mb.sampler_logp, mb.sampler_logp_from_engine = mb.engine_logp, True  # log alpha, no trainer forward
-            elif c.reuses_samples or (c.vllm_importance_sampling_correction and mb.engine_logp is not None):
+            elif self.needs_sampler_logp or (c.vllm_importance_sampling_correction and mb.engine_logp is not None):
                 # log alpha from the trainer's forward: needed whenever the policy can differ from the sampler,
                 # and by the engine/trainer importance-sampling correction
                 mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size)
