@@ -49,6 +49,7 @@ class GRPOConfig:
     clip_mode: str = "ppo"
     importance_sampling_level: str = "token"
     ratio_reference: str = "sampler"
+    importance_weight_cap: float | None = None
     loss_type: str = "bnpo"
     ref_refresh_every: int | None = None
     lower_bound_every: int | None = 10
@@ -129,6 +130,7 @@ class GRPOConfig:
         return LossConfig(epsilon=self.epsilon, epsilon_high=self.epsilon_high, clip_mode=self.clip_mode,
                           importance_sampling_level=self.importance_sampling_level,
                           ratio_reference=self.ratio_reference, beta=self.beta,
+                          importance_weight_cap=self.importance_weight_cap,
                           kl_estimator=self.kl_estimator, loss_type=self.loss_type,
                           max_completion_length=self.max_completion_length)
 

@@ -19,7 +19,7 @@ import lightning as L
 import torch
 
 from grpolab.algo.advantages import group_reward_summary
-from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate
+from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate, weight_quantiles
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
@@ -258,6 +258,7 @@ class GRPOModule(L.LightningModule):
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
         div = policy_sampler_divergence(logp, sampler, mask)
         m.update({k: float(v) for k, v in div.items() if k != "num_sequences"})
+        m.update({f"ratio/anchor_{k}": float(v) for k, v in weight_quantiles(logp, sampler, mask).items()})
         seq_mask = mask.any(1)
         cw = c_weight(mb.info["group_std"].to(logp.device), c.advantage_epsilon)
         unmasked = seq_mask & ~mb.zero_std.to(logp.device)

@@ -201,3 +201,41 @@ def theorem1_group_bound(
     lb = sur - 2.0 * c_x * tv - 2.0 * tv_k
     return {"lower_bound": lb.mean(), "surrogate": sur.mean(), "c_tv": (c_x * tv).mean(), "tv_seq": tv.mean(),
             "tv_seq_k": tv_k.mean(), "num_groups": torch.tensor(float(n), dtype=dtype)}
+
+
+def weight_quantiles(logp: Tensor, sampler_logp: Tensor, mask: Tensor, qs: tuple[float, ...] = (0.5, 0.9, 0.99)
+                     ) -> dict[str, Tensor]:
+    """Quantiles of the token importance weight ``pi / alpha`` over the loss tokens (issue 11: do large
+    weights at high lag carry the loss?).
+
+    With ``logp`` from the step's forward at the first use of a minibatch (``pi = pi_k``) this is the
+    distribution of ``pi_k / alpha``, the weight the paper's off-policy clip leaves unbounded.
+
+    Args:
+        logp: ``[B, T]`` policy log-probs (detached here).
+        sampler_logp: ``[B, T]`` sampler log-probs ``log alpha``.
+        mask: ``[B, T]`` bool or 0/1 loss mask.
+        qs: quantile levels in ``[0, 1]``.
+
+    Returns:
+        ``{"q50": ..., "q90": ..., "q99": ...}`` (keys ``q<100*q>``), 0-dim float tensors; all 1.0 when the mask
+        is empty.
+
+    Raises:
+        ValueError: on shape mismatch.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[1.0, 2.0, 4.0]]))
+        >>> {k: float(v) for k, v in weight_quantiles(lp, torch.zeros(1, 3), torch.ones(1, 3), (0.5, 1.0)).items()}
+        {'q50': 2.0, 'q100': 4.0}
+    """
+    if logp.dim() != 2 or sampler_logp.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError("logp, sampler_logp and mask must share a [B, T] shape")
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    m = mask.bool()
+    w = (logp.detach().to(dtype) - sampler_logp.detach().to(dtype))[m].exp()
+    names = [f"q{round(100 * q)}" for q in qs]
+    if not w.numel():
+        return {n: torch.ones((), dtype=dtype) for n in names}
+    vals = torch.quantile(w, torch.tensor(qs, dtype=dtype))
+    return dict(zip(names, vals))

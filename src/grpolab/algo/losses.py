@@ -22,6 +22,14 @@ Ratio levels (``importance_sampling_level``): ``token`` (one ratio per token, TR
 (the paper's ``pi(y|x) / alpha(y|x) = exp(sum_t log r_t)``, paper.md §2.1-§2.2). Three tokens at log-ratio
 0.3 give 1.350 (``sequence``) and 2.460 (``sequence_sum``).
 
+Truncated importance weight (``importance_weight_cap = c``, ``clip_mode="offpolicy_grpo"`` with
+``ratio_reference="sampler"`` only): the centre ``r' = pi_k / alpha`` is capped to ``min(r', c)`` and the ratio
+is scaled by the same detached factor ``s = min(1, c / r')``, so ``r -> s * r = min(r', c) * pi / pi_k`` and the
+window becomes ``[max(min(r', c) - eps, 0), min(r', c) + eps_high]``. At the first use of a minibatch
+(``pi = pi_k``) every token's weight, and its gradient coefficient, is ``min(pi_k / alpha, c)`` instead of the
+unbounded ``pi_k / alpha`` (truncated importance sampling, as in IMPALA's rho-bar and Yao et al. 2025's TIS).
+At the sequence levels the cap applies to the sequence ratio ``s_i``.
+
 The loss is a SUM over the micro-batch divided by a denominator computed once for the whole optimizer
 step (:func:`loss_denominator`), so the summed micro-batch losses do not depend on the split.
 """
@@ -38,6 +46,7 @@ from grpolab.algo.kl import KL_ESTIMATORS, kl_penalty
 
 CLIP_MODES = ("ppo", "offpolicy_grpo")
 IS_LEVELS = ("token", "sequence", "sequence_sum")
+HIGH_WEIGHT = 2.0  # importance weights above this count as "large" in the stats (grad_weight_high_sum, ...)
 RATIO_REFERENCES = ("sampler", "anchor")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
@@ -62,6 +71,8 @@ class LossConfig:
         kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
         loss_type: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"`` (see :func:`loss_denominator`).
         max_completion_length: the constant ``L_max`` of ``dr_grpo`` (required for it), ``> 0``.
+        importance_weight_cap: ``None`` or a finite ``c >= 1``: caps the centre ``pi_k / alpha`` (and scales the
+            ratio alike) to ``c``; only with ``clip_mode="offpolicy_grpo"`` and ``ratio_reference="sampler"``.
 
     Raises:
         ValueError: naming ``algo.<field>`` for any invalid value.
@@ -76,6 +87,7 @@ class LossConfig:
     loss_type: str = "bnpo"
     max_completion_length: int | None = None
     ratio_reference: str = "sampler"
+    importance_weight_cap: float | None = None
 
     def __post_init__(self) -> None:
         if not (_is_number(self.epsilon) and self.epsilon > 0):
@@ -103,6 +115,16 @@ class LossConfig:
             raise ValueError(f"algo.max_completion_length must be null or an int > 0, got {mcl!r}")
         if self.loss_type == "dr_grpo" and mcl is None:
             raise ValueError("algo.max_completion_length must be set when algo.loss_type is 'dr_grpo'")
+        cap = self.importance_weight_cap
+        if cap is not None:
+            if not (_is_number(cap) and cap >= 1):
+                raise ValueError(f"algo.importance_weight_cap must be null or a finite number >= 1, got {cap!r}")
+            if self.clip_mode != "offpolicy_grpo" or self.ratio_reference != "sampler":
+                raise ValueError(
+                    "algo.importance_weight_cap caps pi_k/alpha, the window centre of algo.clip_mode=offpolicy_grpo "
+                    "with algo.ratio_reference=sampler; got clip_mode="
+                    f"{self.clip_mode!r}, ratio_reference={self.ratio_reference!r} (set it to null)"
+                )
 
     @property
     def eps_high(self) -> float:
@@ -287,6 +309,9 @@ def grpo_loss(
         ratio = log_r.exp()
         centre = log_r_centre.exp()
         anchor_ratio = log_r_anchor.exp()
+    if cfg.importance_weight_cap is not None:  # truncated IS: centre min(r', c), ratio scaled by the same factor
+        scale = (cfg.importance_weight_cap / centre).clamp(max=1.0).detach()
+        ratio, centre = ratio * scale, centre * scale
 
     lo, hi = clip_bounds(centre, cfg)
     adv = advantages.detach().to(logp.dtype).unsqueeze(1)
@@ -315,6 +340,9 @@ def grpo_loss(
         r = ratio.detach()
         low = mask & (r < lo) & (adv < 0)
         high = mask & (r > hi) & (adv > 0)
+        # |d per_token / d log r| = |A| * r where the unclipped term is the active one, else 0
+        active = mask & (r * adv <= clipped.detach() * adv)
+        grad_weight = torch.where(active, r * adv.abs(), zeros)
         inf = torch.tensor(math.inf, dtype=r.dtype, device=r.device)
         stats = {
             "num_tokens": mask.sum().to(r.dtype),
@@ -323,6 +351,10 @@ def grpo_loss(
             "ratio_min": torch.where(mask, r, inf).min() if r.numel() else inf,
             "ratio_max": torch.where(mask, r, -inf).max() if r.numel() else -inf,
             "anchor_ratio_sum": torch.where(mask, anchor_ratio, zeros).sum(),
+            "anchor_ratio_max": torch.where(mask, anchor_ratio, zeros).max() if r.numel() else zeros.sum(),  # 0 if empty
+            "anchor_ratio_high_sum": (mask & (anchor_ratio > HIGH_WEIGHT)).sum().to(r.dtype),
+            "grad_weight_sum": grad_weight.sum(),
+            "grad_weight_high_sum": torch.where(r > HIGH_WEIGHT, grad_weight, zeros).sum(),
             "clip_low_sum": low.sum().to(r.dtype),
             "clip_high_sum": high.sum().to(r.dtype),
             "clip_region_sum": (low | high).sum().to(r.dtype),
@@ -350,7 +382,9 @@ def merge_loss_stats(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 def loss_stats_to_metrics(stats: dict[str, Tensor]) -> dict[str, float]:
     """Turn (merged) sums into TRL-named means: ``clip_ratio/low_mean``, ``clip_ratio/high_mean``,
     ``clip_ratio/region_mean``, ``ratio/mean``, ``ratio/min``, ``ratio/max``, ``ratio/anchor_mean``,
-    ``kl`` (if present) and ``num_loss_tokens``. Means are 0 and min/max are 1 when there are no tokens.
+    ``ratio/anchor_max``, ``ratio/anchor_frac_above_2`` (share of loss tokens with ``pi_k / alpha > 2``),
+    ``ratio/grad_weight_frac_above_2`` (share of the loss-gradient weight ``sum |A| r`` over active tokens that
+    tokens with ``r > 2`` carry; 0 when no token is active), ``kl`` (if present) and ``num_loss_tokens``. Means are 0 and min/max are 1 when there are no tokens.
     """
     n = float(stats["num_tokens"])
     div = max(n, 1.0)
@@ -364,6 +398,11 @@ def loss_stats_to_metrics(stats: dict[str, Tensor]) -> dict[str, float]:
         "ratio/anchor_mean": float(stats["anchor_ratio_sum"]) / div if n else 1.0,
         "num_loss_tokens": n,
     }
+    if "anchor_ratio_max" in stats:
+        gw = float(stats["grad_weight_sum"])
+        out["ratio/anchor_max"] = float(stats["anchor_ratio_max"]) if n else 1.0
+        out["ratio/anchor_frac_above_2"] = float(stats["anchor_ratio_high_sum"]) / div
+        out["ratio/grad_weight_frac_above_2"] = float(stats["grad_weight_high_sum"]) / gw if gw > 0 else 0.0
     if "kl_sum" in stats:
         out["kl"] = float(stats["kl_sum"]) / div
     return out
