@@ -22,6 +22,7 @@ from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
 from grpolab.distributed import check_trainer
 from grpolab.lora import count_parameters, save_policy, validate_lora
+from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.module import GRPOModule
 from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 from grpolab.rollout.datamodule import RolloutDataModule
@@ -96,6 +97,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy),
                   rollout_target=str(cfg.rollout.get("_target_", "")))
+    check_final_eval(cfg.get("final_eval"))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")
@@ -131,8 +133,10 @@ def run_training(cfg: DictConfig) -> dict:
     trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
     if not module.val_history or module.val_history[-1]["step"] != module.global_step:
         trainer.validate(module, datamodule=dm, verbose=False)
+    final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
     summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
+    summary.update(final)
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
@@ -141,6 +145,25 @@ def run_training(cfg: DictConfig) -> dict:
         return summary
     log.info("summary: %s", json.dumps(summary))
     return summary
+
+
+def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, task: Any, out: Path,
+                   write: bool = True) -> dict:
+    """``final_eval.enabled``: score the final policy (mean@n on ``final_eval.split``), write ``final_eval.json``
+    (with per-prompt fractions) and return the summary keys (``test_mean_at_16``, ``test_mean_at_16_se``, ...)."""
+    fe = cfg.get("final_eval")
+    if not fe or not fe.get("enabled"):
+        return {}
+    t0 = time.perf_counter()
+    result = final_eval(module.policy, dm.producer, task, split=fe.split, num_samples=fe.num_samples,
+                        max_prompts=fe.get("max_prompts"), batch_size=fe.batch_size, seed=fe.seed)
+    result = {k: (None if isinstance(v, float) and v != v else v) for k, v in result.items()}  # NaN -> null
+    result["final_eval_s"] = round(time.perf_counter() - t0, 2)
+    if write:  # under DDP every rank scores (the same samples), rank 0 writes
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "final_eval.json").write_text(json.dumps(result, indent=2))
+    log.info("final eval: %s", {k: v for k, v in result.items() if k != "per_prompt"})
+    return {k: v for k, v in result.items() if k != "per_prompt"}
 
 
 def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: RolloutDataModule, total_s: float) -> dict:
@@ -172,6 +195,7 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "clip_mode": algo.clip_mode,
         "ratio_reference": algo.ratio_reference,
         "importance_sampling_level": algo.importance_sampling_level,
+        "importance_weight_cap": algo.importance_weight_cap,
         "mask_zero_std_groups": algo.mask_zero_std_groups,
         "loss_type": algo.loss_type,
         "beta": algo.beta,
