@@ -63,7 +63,8 @@ def test_each_arm_selects_its_regime(arm):
 
 
 def test_every_arm_file_is_in_the_grid():
-    assert sorted(p.stem for p in (SWEEPS / "arm").glob("*.yaml")) == sorted(ARMS)
+    claim = grid(compose_sweep("claim", []))["arm"]  # issue 11's ablations (tests/test_claim_sweep.py)
+    assert sorted(p.stem for p in (SWEEPS / "arm").glob("*.yaml")) == sorted(set(ARMS) | set(claim))
 
 
 def test_wandb_sweep_file_covers_the_same_grid():
