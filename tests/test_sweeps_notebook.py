@@ -89,7 +89,8 @@ def tiny_sweep(tmp_path_factory):
     sweep_dir = out / "multirun"
     cmd = [sys.executable, "src/train.py", "--config-dir", "sweeps", "--config-name", "onoff_small",
            "arm=k1,k2", "seed=0,1", *FAST_OVERRIDES, "save_policy=false", "trainer.max_steps=4",
-           "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep_dir}", f"paths.cache_dir={out / 'cache'}"]
+           "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep_dir}", f"paths.cache_dir={out / 'cache'}",
+           "final_eval.enabled=true", "final_eval.num_samples=2"]  # the issue 11 table needs the final test score
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -117,11 +118,16 @@ def test_notebook_renders_the_sweep(tiny_sweep, tmp_path):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     pngs = sorted(p.name for p in figures.glob("*.png"))
-    assert pngs == ["diagnostics.png", "final_accuracy.png", "refreshes_and_time.png", "reward_and_accuracy.png"]
+    assert pngs == ["diagnostics.png", "final_accuracy.png", "final_test_accuracy.png", "refreshes_and_time.png",
+                    "reward_and_accuracy.png", "weight_stats_by_lag.png"]
     assert all((figures / p).stat().st_size > 10_000 for p in pngs)
     assert sorted(Path(line).name for line in proc.stdout.split()) == pngs
     table = (figures / "final_accuracy.csv").read_text()
     assert "k=1 on-policy" in table and "k=2" in table
+    test_table = (figures / "final_test_accuracy.csv").read_text()  # issue 11: mean +- se and the gap to k=1
+    assert "test_mean_at_2" in test_table and "vs on-policy" in test_table and "se of diff" in test_table
+    lags = (figures / "weight_stats_by_lag.csv").read_text()
+    assert "train/ratio/grad_weight_frac_above_2" in lags and "k=2" in lags
     nb = nbformat.read(figures / "onpolicy_vs_offpolicy.ipynb", as_version=4)  # the executed copy
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
     assert "4 runs in 2 arms" in text
