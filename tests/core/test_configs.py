@@ -29,10 +29,14 @@ def test_every_option_of_every_group_composes(tmp_path, group):
 def test_algo_configs_validate(tmp_path, algo):
     cfg = compose_train_cfg(tmp_path, [f"algo={algo}"])
     algo_cfg = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
-    expected = {"grpo_onpolicy": (1, 1), "grpo_offpolicy": (10, 1), "grpo_reuse": (1, 10)}[algo]
+    expected = {"grpo_onpolicy": (1, 1), "grpo_offpolicy": (10, 1), "grpo_reuse": (1, 10)}.get(algo, (10, 1))
     assert (algo_cfg.steps_per_generation, algo_cfg.num_iterations) == expected
-    if algo == "grpo_offpolicy":
-        assert algo_cfg.clip_mode == "offpolicy_grpo" and algo_cfg.mask_zero_std_groups
+    assert algo_cfg.name == algo
+    if algo.startswith("grpo_offpolicy"):  # the paper's setting and issue 11's candidates, one change each
+        changed = {"grpo_offpolicy_ppo": algo_cfg.clip_mode == "ppo", "grpo_offpolicy_cap": algo_cfg.importance_weight_cap == 2.0,
+                   "grpo_offpolicy_anchor": algo_cfg.ratio_reference == "anchor", "grpo_offpolicy": True}[algo]
+        assert changed and algo_cfg.mask_zero_std_groups
+        assert algo_cfg.clip_mode == ("ppo" if algo == "grpo_offpolicy_ppo" else "offpolicy_grpo")
 
 
 @pytest.mark.parametrize(
