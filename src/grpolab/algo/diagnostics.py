@@ -237,5 +237,5 @@ def weight_quantiles(logp: Tensor, sampler_logp: Tensor, mask: Tensor, qs: tuple
     names = [f"q{round(100 * q)}" for q in qs]
     if not w.numel():
         return {n: torch.ones((), dtype=dtype) for n in names}
-    vals = torch.quantile(w, torch.tensor(qs, dtype=dtype))
+    vals = torch.quantile(w, torch.tensor(qs, dtype=dtype, device=w.device))
     return dict(zip(names, vals))
