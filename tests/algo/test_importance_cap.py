@@ -76,8 +76,8 @@ def test_grad_weight_share_of_large_weights_without_cap():
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"clip_mode": "offpolicy_grpo", "importance_weight_cap": 0.5}, ">= 1"),
-    ({"clip_mode": "offpolicy_grpo", "importance_weight_cap": math.inf}, ">= 1"),
-    ({"clip_mode": "offpolicy_grpo", "importance_weight_cap": True}, ">= 1"),
+    ({"clip_mode": "offpolicy_grpo", "importance_weight_cap": math.inf}, "finite"),
+    ({"clip_mode": "offpolicy_grpo", "importance_weight_cap": True}, "got True"),
     ({"clip_mode": "ppo", "importance_weight_cap": 2.0}, "clip_mode=offpolicy_grpo"),
     ({"clip_mode": "offpolicy_grpo", "ratio_reference": "anchor", "importance_weight_cap": 2.0}, "ratio_reference"),
 ])
