@@ -1,10 +1,12 @@
 """A seeded multi-step arithmetic task with longer completions: running sums of a chain of additions.
 
-Prompts look like ``"12+34+56+7="`` and the gold completion writes every intermediate result, separated by
-commas: ``"46,102,109"``. The reward is exact match of the whole chain (``verifier=exact``), so a completion is
-about three times as long as the addition task's and the sequence importance weight ``pi(y|x)/alpha(y|x)`` of a
+Prompts look like ``"3+5+7+2+8+1="`` and the gold completion writes every intermediate result, separated by
+commas: ``"8,15,17,25,26"``. The reward is exact match of the whole chain (``verifier=exact``), so a completion
+(about 13 tokens with the default six one-digit terms) is about four times as long as the addition task's and the sequence importance weight ``pi(y|x)/alpha(y|x)`` of a
 stale sampler multiplies over more tokens (issue 11: a task where the sampler's lag matters more). It uses the
-tiny character model's vocabulary (digits, ``+``, ``-``, ``,``, ``=``) and warm-starts like the addition task.
+tiny character model's vocabulary (digits, ``+``, ``-``, ``,``, ``=``) and warm-starts like the addition task:
+each step is easy (add one digit), the chain is long, so the supervised warm start reaches the target sampled
+accuracy of 0.25 in about 500 steps (1.5 CPU-minutes on one core; ``benchmarks/warmstart_multistep.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class MultiStepArithmeticTask(Task):
 
     name = "multistep"
 
-    def __init__(self, num_terms: int = 4, operations: str = "+", min_value: int = 0, max_value: int = 99,
+    def __init__(self, num_terms: int = 6, operations: str = "+", min_value: int = 0, max_value: int = 9,
                  num_problems: int = 20000, generator_seed: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         if not operations or set(operations) - set("+-"):
