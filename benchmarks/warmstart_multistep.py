@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from grpolab.config import GRPOConfig
     from grpolab.rollout.producer import RolloutProducer
+    from grpolab.run import rollout_settings
     from grpolab.warmstart import warm_start
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     model = spec._fresh(tok)
     ws = OmegaConf.to_container(cfg.model.warmstart, resolve=True)
     report = warm_start(model, tok, task.splits()["train"], seed=int(cfg.model.seed), **ws)
-    engine = instantiate(cfg.rollout, stop_token_ids=spec.stop_token_ids(tok), pad_token_id=tok.pad_token_id)
+    engine_args, _ = rollout_settings(cfg, algo)  # the engine's arguments without the schedule settings
+    engine = instantiate(engine_args, stop_token_ids=spec.stop_token_ids(tok), pad_token_id=tok.pad_token_id)
     producer = RolloutProducer(algo, task, tok, engine, instantiate(cfg.verifier))
     torch.manual_seed(0)
     t0 = time.perf_counter()

@@ -155,7 +155,8 @@ def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, t
     if not fe or not fe.get("enabled"):
         return {}
     t0 = time.perf_counter()
-    result = final_eval(module.policy, dm.producer, task, split=fe.split, num_samples=fe.num_samples,
+    # module.producer samples the live policy (also when the training sampler owns a stale copy)
+    result = final_eval(module.policy, module.producer, task, split=fe.split, num_samples=fe.num_samples,
                         max_prompts=fe.get("max_prompts"), batch_size=fe.batch_size, seed=fe.seed)
     result = {k: (None if isinstance(v, float) and v != v else v) for k, v in result.items()}  # NaN -> null
     result["final_eval_s"] = round(time.perf_counter() - t0, 2)

@@ -37,6 +37,16 @@ def test_final_eval_writes_mean_at_n_with_stderr_and_per_prompt(tmp_path):
     assert (metrics["train/ratio/max"] <= 2.0 + 0.2 + 1e-4).all()  # capped weights stay within c + eps
 
 
+def test_final_eval_with_a_sampler_that_owns_a_copy(tmp_path):
+    # rollout=hf_copy: the training sampler holds a stale copy; the final score comes from the live policy's
+    # validation producer and still covers every test prompt
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "rollout=hf_copy", "algo=grpo_offpolicy",
+                                       "algo.steps_per_generation=2", "trainer.max_steps=2", "val.at_start=false",
+                                       "final_eval.enabled=true", "final_eval.num_samples=2"])
+    summary = run_training(cfg)
+    assert summary["test_num_prompts"] == 16 and 0.0 <= summary["test_mean_at_2"] <= 1.0
+
+
 def test_final_eval_off_by_default(tmp_path):
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "trainer.max_steps=1", "val.at_start=false"])
     summary = run_training(cfg)

@@ -47,8 +47,9 @@ def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_s
 
     Args:
         policy: the trained policy (put in eval mode for the call, restored after).
-        producer: the run's :class:`~grpolab.rollout.producer.RolloutProducer` (training sampling settings and
-            verifier); its counters are left as they were.
+        producer: a :class:`~grpolab.rollout.producer.RolloutProducer` with the training sampling settings and
+            verifier whose engine samples ``policy`` itself (the module's validation producer); its counters are
+            left as they were.
         task: the task whose ``split`` is scored.
         split: ``train`` | ``val`` | ``test``.
         num_samples: n of mean@n.
