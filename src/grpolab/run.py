@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
 from grpolab.distributed import check_trainer
-from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.evaluation.final import check_final_eval, final_eval
+from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.module import GRPOModule
 from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 from grpolab.rollout.datamodule import RolloutDataModule
