@@ -58,6 +58,7 @@ class GRPOConfig:
     max_grad_norm: float | None = 1.0
     vllm_importance_sampling_correction: bool = False
     vllm_importance_sampling_cap: float = 3.0
+    shared_prompt_forward: bool = True
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -108,6 +109,7 @@ class GRPOConfig:
         need(isinstance(self.vllm_importance_sampling_cap, int | float) and not isinstance(self.vllm_importance_sampling_cap, bool)
              and math.isfinite(self.vllm_importance_sampling_cap) and self.vllm_importance_sampling_cap >= 1.0,
              "vllm_importance_sampling_cap", "must be a finite number >= 1 (TRL default 3.0)")
+        need(isinstance(self.shared_prompt_forward, bool), "shared_prompt_forward", "must be true or false")
         self.loss_config()  # validates epsilon, epsilon_high, clip_mode, kl_estimator, loss_type, ...
         if self.kl_estimator == "k1" and self.beta > 0:
             log.warning("algo.kl_estimator=k1 with algo.beta=%s: as a loss term k1 = logp - ref_logp has zero "

@@ -133,7 +133,7 @@ class GRPOModule(L.LightningModule):
             rows = {k: (None if v is None else v.to(self.device)) for k, v in rows.items()}
             logp, entropy = completion_log_probs(self.policy, rows["prompt_ids"], rows["prompt_mask"],
                                                  rows["completion_ids"], rows["completion_mask"], c.temperature,
-                                                 with_entropy=True)
+                                                 with_entropy=True, shared_prompt=c.shared_prompt_forward)
             cur = logp.detach()
             sampler = rows["sampler_logp"] if rows["sampler_logp"] is not None else cur
             anchor = self._anchor(mb, s, s + size, cur)

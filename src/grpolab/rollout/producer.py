@@ -172,7 +172,8 @@ class RolloutProducer:
             elif self.needs_sampler_logp or (c.vllm_importance_sampling_correction and mb.engine_logp is not None):
                 # log alpha from the trainer's forward: needed whenever the policy can differ from the sampler,
                 # and by the engine/trainer importance-sampling correction
-                mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size)
+                mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size,
+                                                    c.shared_prompt_forward)
             minibatches.append(mb)
         self.add_reference_logp(minibatches, reference)
         return minibatches
@@ -182,7 +183,8 @@ class RolloutProducer:
         if reference is None:
             return
         for mb in minibatches:
-            mb.ref_logp = batched_log_probs(reference, mb.tensors(), self.cfg.temperature, self.cfg.micro_batch_size)
+            mb.ref_logp = batched_log_probs(reference, mb.tensors(), self.cfg.temperature, self.cfg.micro_batch_size,
+                                            self.cfg.shared_prompt_forward)
 
 
 def _trim(mb: Minibatch) -> Minibatch:
