@@ -31,6 +31,7 @@ from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
 from grpolab.rollout.reference import refresh_reference
 from grpolab.theorem1 import lower_bound_metrics
+from grpolab.step_logging import log_step_metrics
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,7 @@ class GRPOModule(L.LightningModule):
         m["time/weight_sync"] = dm.pop_weight_sync_time() if hasattr(dm, "pop_weight_sync_time") else 0.0
         m["time/elapsed"] = now - (self._fit_start or now)
         m["tokens_per_second"] = self.num_tokens / max(m["time/elapsed"], 1e-9)
-        self.log_dict({f"train/{k}": v for k, v in m.items()}, on_step=True, on_epoch=False, batch_size=len(mb))
+        log_step_metrics(self.trainer, {f"train/{k}": v for k, v in m.items()})  # not log_dict: ~10 ms a step
 
     # ------------------------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:
