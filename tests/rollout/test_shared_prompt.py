@@ -143,3 +143,35 @@ def test_shared_prompt_forward_is_validated():
 
     with pytest.raises(ValueError, match="algo.shared_prompt_forward"):
         GRPOConfig(shared_prompt_forward="yes")
+
+
+def test_length_buckets_match_one_pass(tiny_spec):
+    from grpolab.rollout.buckets import length_buckets
+
+    model = tiny_spec.load_policy()
+    model.train()
+    torch.manual_seed(2)
+    g, u, width = 4, 8, 40
+    prompt_ids = torch.randint(3, 20, (u, 5)).repeat_interleave(g, 0)
+    prompt_mask = torch.ones_like(prompt_ids)
+    prompt_mask[:g, :2] = 0  # one left-padded prompt
+    lengths = torch.tensor([1, 2, 3, 40] * u)  # mostly short completions in a batch padded to 40
+    completion_ids = torch.randint(3, 20, (g * u, width))
+    completion_mask = torch.arange(width)[None] < lengths[:, None]
+    buckets = length_buckets(prompt_ids, prompt_mask, completion_mask, shared_prompt=True)
+    assert buckets is not None and sorted(torch.cat(buckets).tolist()) == list(range(g * u))
+    mask = completion_mask
+    results = []
+    for max_buckets in (1, 4):
+        model.zero_grad(set_to_none=True)
+        counter = _PromptRows(model)
+        logp, ent = completion_log_probs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.9,
+                                         with_entropy=True, shared_prompt=True, max_buckets=max_buckets)
+        counter.handle.remove()
+        loss = (logp * mask).sum() / mask.sum() + ((logp * mask) ** 2).sum() / mask.sum()
+        loss.backward()
+        tokens = sum(rows * cols for rows, cols in counter.calls)
+        results.append((float(loss), logp.detach(), ent, {k: p.grad.clone() for k, p in model.named_parameters()},
+                        tokens))
+    _assert_same(results[0][:4], results[1][:4], mask)
+    assert results[1][4] < 0.6 * results[0][4]  # far fewer padded positions reach the model

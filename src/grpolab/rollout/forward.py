@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from grpolab.algo.logprobs import entropy_from_logits, token_log_probs
+from grpolab.rollout.buckets import length_buckets
 from grpolab.rollout.shared_prompt import shared_prompt_logits, trim_padding
 
 
@@ -24,6 +25,7 @@ def completion_log_probs(
     temperature: float,
     with_entropy: bool = False,
     shared_prompt: bool = False,
+    max_buckets: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of each completion token under ``model`` with logits divided by ``temperature``.
 
@@ -35,11 +37,21 @@ def completion_log_probs(
         shared_prompt: run each distinct prompt once and the completions on its KV cache
             (:mod:`grpolab.rollout.shared_prompt`, ``algo.shared_prompt_forward``); same result to float
             round-off, falls back to the plain forward when no rows share a prompt.
+        max_buckets: split the rows into up to this many completion-length buckets when that computes
+            fewer padded positions (:func:`~grpolab.rollout.buckets.length_buckets`); 1 = one pass.
 
     Returns:
         ``(logp [B, L] float32, entropy [B, L] or None)``. Positions outside ``completion_mask`` hold
         finite values (0 in columns that are padding in every row) that callers must mask out.
     """
+    buckets = length_buckets(prompt_ids, prompt_mask, completion_mask, shared_prompt, max_buckets)
+    if buckets is not None:
+        parts = [completion_log_probs(model, prompt_ids[b], prompt_mask[b], completion_ids[b], completion_mask[b],
+                                      temperature, with_entropy, shared_prompt, max_buckets=1) for b in buckets]
+        inverse = torch.argsort(torch.cat(buckets))  # back to the input row order (differentiable gather)
+        logp = torch.cat([p[0] for p in parts])[inverse]
+        entropy = torch.cat([p[1] for p in parts])[inverse] if with_entropy else None
+        return logp, entropy
     width = completion_ids.shape[1]
     # Columns that are padding in every row change nothing; drop them (pad per micro-batch, not per buffer).
     prompt_ids, prompt_mask, completion_ids, completion_mask = trim_padding(prompt_ids, prompt_mask,
