@@ -81,13 +81,10 @@ def test_nan_loss_stops_with_the_step_and_quantity(tmp_path):
     parts = build(cfg)
     module = parts["module"]
     module.configure_model()
-    calls = {"n": 0}
 
-    def poison(mod, args, kwargs, out):
-        if mod.training:
-            calls["n"] += 1
-            if calls["n"] > 2:
-                out.logits.mul_(float("nan"))
+    def poison(mod, args, kwargs, out):  # by step, not by call: a step may make several forward calls
+        if mod.training and module.global_step >= 2:
+            out.logits.mul_(float("nan"))
         return out
 
     module.policy.register_forward_hook(poison, with_kwargs=True)
