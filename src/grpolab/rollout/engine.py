@@ -21,6 +21,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from grpolab.algo.masks import completion_mask
+from grpolab.rollout.decode import sample_completions, supports_decode_loop
 
 
 @dataclass
@@ -113,9 +114,13 @@ class HFGenerationEngine:
         stop_token_ids: every id that ends a completion.
         pad_token_id: id used for padding.
         generation_batch_size: sequences per ``generate`` call (memory knob; None = all at once).
+        drop_finished_rows: sample with :func:`~grpolab.rollout.decode.sample_completions`, which stops
+            computing a row once it has stopped (same distribution; used when top_k=0 and top_p=1 or greedy,
+            and the model supports it), instead of ``model.generate``.
     """
 
-    def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None):
+    def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
+                 drop_finished_rows: bool = True):
         if not stop_token_ids:
             raise ValueError("rollout: at least one stop token id is needed")
         if generation_batch_size is not None and generation_batch_size < 1:
@@ -123,6 +128,7 @@ class HFGenerationEngine:
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.generation_batch_size = generation_batch_size
+        self.drop_finished_rows = drop_finished_rows
 
     owns_weights = False
 
@@ -155,11 +161,20 @@ class HFGenerationEngine:
         if params.do_sample and params.generator is not None:
             extra["logits_processor"] = LogitsProcessorList([_GeneratorSampler(params)])
         step = self.generation_batch_size or len(prompts)
+        loop = self.drop_finished_rows and supports_decode_loop(model) and (
+            not params.do_sample or ((params.top_k or 0) == 0 and params.top_p == 1.0))
         parts = []
         try:
             with model_generation_defaults_cleared(model, self.stop_token_ids, self.pad_token_id):
                 for start in range(0, len(prompts), step):
                     ids, mask = left_pad(prompts[start:start + step], self.pad_token_id)
+                    if loop:
+                        comp, logp = sample_completions(
+                            model, ids.to(device), mask.to(device), params.max_new_tokens, self.stop_token_ids,
+                            self.pad_token_id, params.temperature, params.do_sample, params.return_log_probs,
+                            generator=params.generator)
+                        parts.append((ids, mask, comp.cpu(), None if logp is None else logp.cpu()))
+                        continue
                     if extra:
                         extra["logits_processor"][0].reset()
                     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
