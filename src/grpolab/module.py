@@ -30,8 +30,8 @@ from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
 from grpolab.rollout.reference import refresh_reference
-from grpolab.theorem1 import lower_bound_metrics
 from grpolab.step_logging import log_step_metrics
+from grpolab.theorem1 import lower_bound_metrics
 
 log = logging.getLogger(__name__)
 

@@ -44,5 +44,6 @@ def refresh_reference(reference: Any, policy: Any, buffer: list[Any], position: 
     reference.load_state_dict(policy.state_dict())
     remaining = remaining_minibatches(buffer, position, cfg.num_iterations)
     for mb in remaining:
-        mb.ref_logp = batched_log_probs(reference, mb.tensors(), cfg.temperature, cfg.micro_batch_size)
+        mb.ref_logp = batched_log_probs(reference, mb.tensors(), cfg.temperature, cfg.micro_batch_size,
+                                        cfg.shared_prompt_forward, rows=mb.loss_mask.bool().any(1))
     return len(remaining)
