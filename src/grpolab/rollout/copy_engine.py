@@ -25,7 +25,7 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     ignores the live model it is passed.
 
     Args:
-        stop_token_ids, pad_token_id, generation_batch_size: as :class:`HFGenerationEngine`.
+        stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows: as :class:`HFGenerationEngine`.
 
     Raises:
         RuntimeError: from ``generate`` or ``sampler_state_dict`` before the first ``sync_weights``.
@@ -34,8 +34,9 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     owns_weights = True
     sampler_model: torch.nn.Module | None = None  # the copy; None until the first sync_weights
 
-    def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None):
-        super().__init__(stop_token_ids, pad_token_id, generation_batch_size)
+    def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
+                 drop_finished_rows: bool = True):
+        super().__init__(stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows)
         self.sampler_model: torch.nn.Module | None = None
 
     def sync_weights(self, model: Any) -> None:
@@ -53,7 +54,8 @@ class HFSamplerCopyEngine(HFGenerationEngine):
 
     def validation_engine(self) -> HFGenerationEngine:
         """An in-place engine with the same settings: held-out accuracy is measured on the live policy."""
-        return HFGenerationEngine(self.stop_token_ids, self.pad_token_id, self.generation_batch_size)
+        return HFGenerationEngine(self.stop_token_ids, self.pad_token_id, self.generation_batch_size,
+                                  self.drop_finished_rows)
 
     def sampler_state_dict(self) -> dict[str, torch.Tensor]:
         """The sampler's weights (CPU clones), for a checkpoint of a run whose next buffer is in flight."""
