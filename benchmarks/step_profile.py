@@ -7,7 +7,7 @@
 
 Runs the real training loop (``grpolab.run.build`` + ``trainer.fit``, validation off) and times each phase
 by wrapping the functions that implement it: ``generate`` (the engine), ``reward`` (the verifier),
-``logp passes`` (sampler and reference log-probs of the producer), ``forward`` and ``backward`` of the
+``logp passes`` (no-grad log-prob passes: sampler, reference, reference refresh, post-step lower bound), ``forward`` and ``backward`` of the
 training step, ``optimizer`` (clip, step, weight check), ``metrics`` (``GRPOModule._log_step`` including
 ``log_dict``), and ``other`` (the rest of the step: Lightning's loop and loggers, batching, advantages,
 decoding). Times are means per optimizer step over the steps after ``--warmup``.
@@ -65,6 +65,8 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
 
     import grpolab.module as module_mod
     import grpolab.rollout.producer as producer_mod
+    import grpolab.rollout.reference as reference_mod
+    import grpolab.theorem1 as theorem1_mod
     from grpolab.run import build
 
     torch.set_num_threads(threads)
@@ -127,7 +129,8 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
             step_ends.append(time.perf_counter())
             snapshots.append(dict(spent) | {f"tokens/{k}": v for k, v in tokens.items()})
 
-    producer_mod.batched_log_probs = timed("logp passes", producer_mod.batched_log_probs)
+    for mod in (producer_mod, reference_mod, theorem1_mod):  # sampler, reference, post-step bound passes
+        mod.batched_log_probs = timed("logp passes", mod.batched_log_probs)
     module_mod.completion_log_probs = timed("forward", module_mod.completion_log_probs)
     module.manual_backward = timed("backward", module.manual_backward)
     module._clip_and_check = timed("optimizer", module._clip_and_check)
