@@ -4,6 +4,8 @@
     python benchmarks/step_profile.py --threads 2 --steps 30
     python benchmarks/step_profile.py --quick                # smoke run (random model, few steps)
     python benchmarks/step_profile.py --extra algo=grpo_offpolicy algo.shared_prompt_forward=false
+    python benchmarks/step_profile.py --cases default --extra algo.shared_prompt_forward=false \
+        rollout.drop_finished_rows=false          # the plain paths, for comparison (time and peak memory)
 
 Runs the real training loop (``grpolab.run.build`` + ``trainer.fit``, validation off) and times each phase
 by wrapping the functions that implement it: ``generate`` (the engine), ``reward`` (the verifier),
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import resource
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -150,7 +153,9 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
            for k in ("generate", "train", "logp", "completion")}
     big_n = flop_params(module.policy)
     floor = 2 * big_n * tok["generate"] + 6 * big_n * tok["train"] + 2 * big_n * tok["logp"]
-    return {"case": case, "total": total, "phases": per_step, "tokens": tok, "N": big_n, "floor_flop": floor}
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    return {"case": case, "total": total, "phases": per_step, "tokens": tok, "N": big_n, "floor_flop": floor,
+            "cuda_peak": peak}
 
 
 def main() -> None:
@@ -181,6 +186,9 @@ def main() -> None:
               f"train {t['train']:.0f}, extra log-prob passes {t['logp']:.0f}")
         print(f"  FLOP floor {r['floor_flop'] / 1e9:.2f} GFLOP/step -> {achieved / 1e9:.2f} GFLOP/s achieved, "
               f"{100 * achieved / peak:.1f}% of the matmul peak")
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak so far, MiB (Linux)
+        cuda = f", CUDA peak {r['cuda_peak'] / 2**20:.0f} MiB" if r["cuda_peak"] is not None else ""
+        print(f"  peak memory: process RSS {rss:.0f} MiB{cuda} (run one case per process to compare settings)")
 
 
 if __name__ == "__main__":
