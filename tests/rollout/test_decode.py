@@ -61,3 +61,28 @@ def test_engine_samples_match_the_training_distribution(tiny_spec):
         ref = (logits[:, p - 1:-1] / 0.7).log_softmax(-1).gather(-1, gen.completion_ids[..., None])[..., 0]
     m = gen.completion_mask
     assert torch.allclose(logp[m], ref[m], atol=1e-5)
+
+
+def test_group_prompts_are_prefilled_once(tiny_spec):
+    tok = tiny_spec.load_tokenizer()
+    model = tiny_spec.load_policy().eval()
+    torch.manual_seed(0)
+    for p in model.parameters():
+        p.data.normal_(0, 0.5)
+    ids, mask = left_pad([p for p in _prompts(tok) for _ in range(3)], tok.pad_token_id)  # groups of 3
+    ref = _hf_greedy(model, ids, mask, [tok.eos_token_id], tok.pad_token_id, 6)
+    calls = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, i, o: calls.append(tuple(i[0].shape)))
+    got, logp = sample_completions(model, ids, mask, 6, [tok.eos_token_id], tok.pad_token_id, do_sample=False,
+                                   return_log_probs=True)
+    handle.remove()
+    assert torch.equal(got, ref)
+    assert calls[0] == (5, ids.shape[1]) and calls[1][0] == 15  # 5 distinct prompts, then 15 rows decode
+    # Sampling: while no row has stopped (stop id 999 is outside the vocabulary), the loop draws exactly what generate draws (same RNG calls on the
+    # same [15, V] probabilities, the first row of each group from its expanded prompt distribution).
+    torch.manual_seed(1)
+    hf = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.8, top_k=0, top_p=1.0,
+                        max_new_tokens=4, eos_token_id=[999], pad_token_id=tok.pad_token_id)  # 999: never drawn
+    torch.manual_seed(1)
+    drawn, _ = sample_completions(model, ids, mask, 4, [999], tok.pad_token_id, 0.8, True)
+    assert torch.equal(drawn, hf[:, ids.shape[1]:])

@@ -3,10 +3,11 @@
 Hugging Face ``generate`` keeps every row of the batch in each decoding step until all rows have stopped
 (finished rows are fed padding). With completions of very different lengths (up to 48 tokens from a
 random model: mean about 20) most of that work is wasted. :func:`sample_completions` drops a row from the
-batch (and from the KV cache) as soon as it samples a stop token. Each row's next token is drawn from the
+batch (and from the KV cache) as soon as it samples a stop token, and runs the prompt of a group (rows with
+identical prompts) once, expanding its KV cache to the group's rows. Each row's next token is drawn from the
 same distribution as ``generate``'s: ``softmax(logits / temperature)`` in float32 (no top-k/top-p), or the
-argmax when greedy; position ids follow the attention mask as in ``generate``. The random draws differ
-from ``generate``'s once a row has been dropped (fewer rows per draw).
+argmax when greedy; position ids follow the attention mask as in ``generate``. The random draws are
+``generate``'s until the first row stops; after that fewer rows draw (same distribution, other numbers).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from grpolab.rollout.shared_prompt import prompt_groups
 
 
 def supports_decode_loop(model: Any) -> bool:
@@ -60,13 +63,20 @@ def sample_completions(model: Any, input_ids: torch.Tensor, attention_mask: torc
     stops = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
     mask = attention_mask.long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    groups = prompt_groups(input_ids, mask)  # a group's G rows share one prompt: prefill it once
+    rows = groups[0] if groups is not None else slice(None)
+    out = model(input_ids=input_ids[rows], attention_mask=mask[rows], position_ids=positions[rows], use_cache=True,
+                logits_to_keep=1)
     cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
     cache = getattr(out, cache_name)
+    first_logits = out.logits[:, -1]
+    if groups is not None:  # one cache row (and first-token distribution) per completion
+        cache.batch_select_indices(groups[1])
+        first_logits = first_logits[groups[1]]
     alive = torch.arange(batch, device=device)
     next_position = positions[:, -1:] + 1
     for t in range(max_new_tokens):
-        logits = out.logits[:, -1].float()
+        logits = (first_logits if t == 0 else out.logits[:, -1]).float()
         if do_sample:
             logits = logits / temperature
             token = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator)[:, 0]
