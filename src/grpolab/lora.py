@@ -140,6 +140,11 @@ class AdapterDisabledReference(torch.nn.Module):
     def parameters(self, recurse: bool = True):  # noqa: D102 - device/dtype lookups by the rollout code
         return self._policy.parameters(recurse)
 
+    @property
+    def config(self) -> Any:
+        """The policy's model config (the log-prob passes pick the same forward path as for the policy)."""
+        return self._policy.config
+
     @torch.no_grad()
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         was_training = self._policy.training

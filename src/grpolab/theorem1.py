@@ -49,7 +49,7 @@ def post_step_lower_bound(policy: Any, mb: Any, logp_k: torch.Tensor, cfg: Any) 
         ``lower_bound/tv_seq_k`` (mean ``TV_x(pi_k, alpha)``), as floats.
     """
     logp_next = batched_log_probs(policy, mb.tensors(), cfg.temperature, cfg.micro_batch_size,
-                                  cfg.shared_prompt_forward, rows=mb.loss_mask.bool().any(1))  # masked rows: 0
+                                  cfg.shared_prompt_forward)
     logp_k = logp_k.detach().cpu().to(logp_next.dtype)
     sampler = mb.sampler_logp.cpu() if mb.sampler_logp is not None else logp_k  # lag 0, i = 1: alpha = pi_k
     mask = mb.loss_mask.cpu().bool()

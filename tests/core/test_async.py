@@ -135,4 +135,6 @@ def test_async_on_policy_settings_still_store_log_alpha(tmp_path):
                     "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3")
     assert train["train/lag"].tolist() == [0, 1, 1, 1]
     # (the warm-up schedule's lr is 0 at step 0, so pi_1 = pi_0 and step 1's sampler is not yet stale)
-    assert train["train/tv_token"].iloc[:2].eq(0).all() and (train["train/tv_token"].iloc[2:] > 0).all()
+    # (equal weights give equal log-probs to fp32 round-off: the sampler copy has requires_grad off, which can
+    # pick other kernels in the shared-prompt forward; a stale sampler gives tv_token ~1e-3)
+    assert train["train/tv_token"].iloc[:2].lt(1e-6).all() and (train["train/tv_token"].iloc[2:] > 1e-5).all()

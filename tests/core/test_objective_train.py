@@ -48,8 +48,7 @@ def test_reference_refresh_inside_a_buffer_recomputes_the_stored_ref_log_probs(t
     assert module.global_step == 3 and dm.position == 3 and len(dm.buffer) == 4
     ref = module.reference
     for j in (2, 3):  # still to come after the refresh: recomputed under the new reference
-        rows = dm.buffer[j].loss_mask.bool().any(1)  # rows without a loss token are not computed (0)
-        now = batched_log_probs(ref, dm.buffer[j].tensors(), cfg.algo.temperature, None, True, rows=rows)
+        now = batched_log_probs(ref, dm.buffer[j].tensors(), cfg.algo.temperature, None, True)
         assert torch.equal(dm.buffer[j].ref_logp, now)
     # minibatch 0 was used before the refresh: it keeps the old reference's log-probs, which differ
     mb = dm.buffer[0]

@@ -82,23 +82,13 @@ def completion_log_probs(
 
 @torch.no_grad()
 def batched_log_probs(model: Any, batch: dict[str, torch.Tensor], temperature: float,
-                      micro_batch_size: int | None, shared_prompt: bool = False,
-                      rows: torch.Tensor | None = None) -> torch.Tensor:
+                      micro_batch_size: int | None, shared_prompt: bool = False) -> torch.Tensor:
     """:func:`completion_log_probs` without grad, in micro-batches; returns [B, L] float32 on CPU.
 
-    Args:
-        rows: optional [B] bool, the rows whose log-probs are needed (e.g. rows with a loss token); the
-            others are not computed and hold 0. Every consumer masks them out (``grpo_loss`` and the
-            diagnostics select loss tokens), so skipping them changes no loss, gradient or metric.
+    Uses the training step's micro-batches (same rows, so the same buckets and shapes): at equal weights it
+    returns bitwise the training pass's log-probs (the first on-policy ratio is exactly 1, pitfalls.md #8).
     """
-    n, width = batch["completion_ids"].shape
-    if rows is not None:
-        index = rows.nonzero().flatten()
-        out = torch.zeros(n, width)
-        if len(index):
-            sub = {k: batch[k][index] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-            out[index] = batched_log_probs(model, sub, temperature, micro_batch_size, shared_prompt)
-        return out
+    n = batch["completion_ids"].shape[0]
     was_training = model.training
     model.eval()
     step = micro_batch_size or n

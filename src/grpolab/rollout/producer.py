@@ -171,11 +171,10 @@ class RolloutProducer:
                 mb.sampler_logp, mb.sampler_logp_from_engine = mb.engine_logp, True  # log alpha, no trainer forward
             elif self.needs_sampler_logp or (c.vllm_importance_sampling_correction and mb.engine_logp is not None):
                 # log alpha from the trainer's forward: needed whenever the policy can differ from the sampler,
-                # and by the engine/trainer importance-sampling correction. Rows without a loss token are not
-                # computed (0) unless engine log-probs are compared with it (the mismatch metrics use every row).
-                rows = mb.loss_mask.bool().any(1) if mb.engine_logp is None else None
+                # and by the engine/trainer importance-sampling correction. Every row, in the training pass's
+                # micro-batches: same shapes, so at lag 0 the ratio is exactly 1 (pitfalls.md #8)
                 mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size,
-                                                    c.shared_prompt_forward, rows=rows)
+                                                    c.shared_prompt_forward)
             minibatches.append(mb)
         self.add_reference_logp(minibatches, reference)
         return minibatches
@@ -186,7 +185,7 @@ class RolloutProducer:
             return
         for mb in minibatches:
             mb.ref_logp = batched_log_probs(reference, mb.tensors(), self.cfg.temperature, self.cfg.micro_batch_size,
-                                            self.cfg.shared_prompt_forward, rows=mb.loss_mask.bool().any(1))
+                                            self.cfg.shared_prompt_forward)
 
 
 def _trim(mb: Minibatch) -> Minibatch:

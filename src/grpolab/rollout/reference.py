@@ -45,5 +45,5 @@ def refresh_reference(reference: Any, policy: Any, buffer: list[Any], position: 
     remaining = remaining_minibatches(buffer, position, cfg.num_iterations)
     for mb in remaining:
         mb.ref_logp = batched_log_probs(reference, mb.tensors(), cfg.temperature, cfg.micro_batch_size,
-                                        cfg.shared_prompt_forward, rows=mb.loss_mask.bool().any(1))
+                                        cfg.shared_prompt_forward)
     return len(remaining)
