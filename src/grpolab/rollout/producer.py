@@ -63,7 +63,7 @@ class RolloutProducer:
         self._lock = threading.Lock()  # a background sampler and validation may both count
         # log alpha is stored whenever a minibatch can be trained at a lag > 0: sample reuse, k > 1, or
         # asynchronous generation (the data module sets this; with async even k = i = 1 trains at lag >= 1).
-        self.needs_sampler_logp = cfg.reuses_samples
+        self.needs_sampler_logp = bool(getattr(cfg, "reuses_samples", False))  # eval: never
 
     def with_engine(self, engine: GenerationEngine, own_counters: bool = False) -> RolloutProducer:
         """A producer that samples with ``engine``; it shares this one's counters (e.g. for validation) unless
