@@ -42,11 +42,17 @@ class BackgroundJob:
         self._done = threading.Event()
         self.started = time.perf_counter()
         self.finished: float | None = None
+        # torch.get_num_threads() reports one process-wide count, but OpenMP's own setting is per OS thread and a
+        # new thread starts at the default (all cores). Kernels that ask OpenMP directly (vLLM's CPU attention,
+        # which checks that its metadata and its kernel saw the same count) would then disagree with torch:
+        # setting the count again inside the job's thread aligns both.
+        self._num_threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, args=(fn,), name=f"grpolab-{name}", daemon=True)
         self._thread.start()
 
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
+            torch.set_num_threads(self._num_threads)
             self._value = fn()
         except BaseException as err:  # re-raised in the waiting thread
             self._error = err
