@@ -63,12 +63,21 @@ def import_vllm() -> Any:
         raise ImportError(f"rollout=vllm needs vLLM, which is not installed here ({err}). Install it with "
                           f"{INSTALL_HINT}; see the README's install section.") from err
     logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup)
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload)
     return vllm
 
 
 def _drop_chat_warmup(record: logging.LogRecord) -> bool:
     """vLLM warns with a traceback that it cannot warm up a chat template without a tokenizer; we pass token ids."""
     return "Chat template warmup failed" not in record.getMessage()
+
+
+def _drop_rotary_reload(record: logging.LogRecord) -> bool:
+    """vLLM warns at every push that the rotary embedding got no weights: its cos/sin cache is a buffer the
+    trainer's state dict does not hold (Hugging Face keeps ``inv_freq`` non-persistent), and vLLM puts the cache
+    back unchanged, which is right. Any other layer that fails to load still warns, and the start-up check
+    compares log-probs after the first push."""
+    return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
 class VLLMGenerationEngine:
