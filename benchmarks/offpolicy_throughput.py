@@ -5,9 +5,13 @@
     python benchmarks/offpolicy_throughput.py --engine vllm      # rollout=vllm for every arm (needs the vllm extra)
     python benchmarks/offpolicy_throughput.py --threads 2 --arms k1 k10   # the synchronous arms on 2 torch threads
 
-Every arm does the same work per optimizer step: 128 completions (16 prompts x 8) of up to 48 tokens from the
-random (not warm-started) tiny model, which rarely stops, so generation dominates as it does with long
-reasoning completions. Each arm is the real CLI (`python src/train.py ...`) in its own folder under
+Every arm does the same work per optimizer step: 128 completions (16 prompts x 8) of up to 48 tokens from a
+random (not warm-started) tiny model made to stop rarely, so generation dominates as it does with long
+reasoning completions. (A plain random char model stops after ~7 tokens: 1 of its 22 tokens is <eos>. The
+benchmark saves the random model with its <eos> embedding zeroed and the others scaled by
+--eos-suppression (default 4), which leaves P(<eos>) near 1e-3 a token: ~95% of completions run to 48 tokens;
+0 keeps the plain random model.) The arms k1_allcores and k10_allcores are the synchronous arms with torch
+on every core (async gives each of its two threads half of them), for a fair comparison. Each arm is the real CLI (`python src/train.py ...`) in its own folder under
 benchmarks/results/offpolicy_throughput/<timestamp>/<arm>/; numbers come from its metrics.csv and summary.json:
 
 * steps/s: optimizer steps per second from the fit start to the end of the last step (all steps), and in the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +43,8 @@ ARMS = {  # name -> Hydra overrides; "{copy}" is the engine that owns its weight
     "k10_async": ["algo=grpo_offpolicy", "algo.steps_per_generation=10", "rollout={copy}",
                   "rollout.async_generation=true"],
 }
+ARMS["k1_allcores"] = ARMS["k1"]
+ARMS["k10_allcores"] = ARMS["k10"]
 COPY_ENGINE = {"hf": "hf_copy", "vllm": "vllm"}  # the vLLM engine owns its weights already
 
 WORK = ["algo.per_device_train_batch_size=128", "algo.num_generations=8", "algo.max_completion_length=48"]
@@ -59,10 +66,31 @@ def arm_overrides(arm: str, engine: str, steps: int, threads: int | None, quick:
     over += [*COMMON, *(QUICK_WORK if quick else WORK), f"trainer.max_steps={steps}"]
     if quick and engine == "vllm":  # vLLM's CPU attention rejects QUICK_WORK's head size of 16: one head of 32
         over += ["model.num_attention_heads=1", "model.num_key_value_heads=1"]
+    if arm.endswith("_allcores"):
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if threads is not None:
         over += ["+callbacks.threads._target_=grpolab.callbacks.threads.TorchThreads",
                  f"+callbacks.threads.num_threads={threads}"]
     return over
+
+
+def save_long_completion_model(folder: Path, scale: float) -> Path:
+    """Save a random tiny char model that rarely samples <eos>: its (tied) <eos> embedding is zeroed and the
+    other rows are multiplied by ``scale``, so <eos>'s logit sits far below the spread of the others."""
+    import torch
+
+    from grpolab.models import TinyCharModel
+
+    spec = TinyCharModel(warmstart=None, max_position_embeddings=128)
+    tok = spec.load_tokenizer()
+    model = spec.load_policy(None)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb.mul_(scale)
+        emb[tok.eos_token_id] = 0.0
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
 
 
 def measure(run_dir: Path, k: int) -> dict:
@@ -92,18 +120,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (TorchThreads callback; async splits the cores itself)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 16 completions of up to 8 tokens, 6 steps")
+    parser.add_argument("--eos-suppression", type=float, default=4.0,
+                        help="embedding scale that makes the random model rarely stop (0 = the plain random model)")
     parser.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every arm")
     args = parser.parse_args()
     steps = 6 if args.quick else args.steps
     out = ROOT / "benchmarks" / "results" / "offpolicy_throughput" / time.strftime("%Y-%m-%d_%H-%M-%S")
     rows = {}
+    if args.eos_suppression and not args.quick:
+        folder = save_long_completion_model(out / "random_long_model", args.eos_suppression)
+        args.extra = [f"model.path={folder}", *args.extra]
     for arm in args.arms:
         run_dir = out / arm
         over = arm_overrides(arm, args.engine, steps, args.threads, args.quick)
         cmd = [sys.executable, "src/train.py", *over, f"hydra.run.dir={run_dir}", *args.extra]
         print("+", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
-        k = 1 if arm == "k1" else (2 if args.quick else 10)
+        k = 1 if arm.startswith("k1_") or arm == "k1" else (2 if args.quick else 10)
         rows[arm] = measure(run_dir, k)
     base = rows.get("k1", {})
     print(f"\nengine={args.engine} threads={args.threads} steps={steps} (results in {out})")
