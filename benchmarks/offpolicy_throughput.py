@@ -10,7 +10,8 @@ random (not warm-started) tiny model made to stop rarely, so generation dominate
 reasoning completions. (A plain random char model stops after ~7 tokens: 1 of its 22 tokens is <eos>. The
 benchmark saves the random model with its <eos> embedding zeroed and the others scaled by
 --eos-suppression (default 4), which leaves P(<eos>) near 1e-3 a token: ~95% of completions run to 48 tokens;
-0 keeps the plain random model.) The arms k1_allcores and k10_allcores are the synchronous arms with torch
+0 keeps the plain random model. Truncated completions are scored by their text and the zero-variance mask is
+off in every arm, so no reward teaches the model to stop early and every arm trains on all 128 rows.) The arms k1_allcores and k10_allcores are the synchronous arms with torch
 on every core (async gives each of its two threads half of them), for a fair comparison. Each arm is the real CLI (`python src/train.py ...`) in its own folder under
 benchmarks/results/offpolicy_throughput/<timestamp>/<arm>/; numbers come from its metrics.csv and summary.json:
 
@@ -51,7 +52,8 @@ WORK = ["algo.per_device_train_batch_size=128", "algo.num_generations=8", "algo.
 QUICK_WORK = ["algo.per_device_train_batch_size=16", "algo.num_generations=4", "algo.max_completion_length=8",
               "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
               "model.num_key_value_heads=1", "model.intermediate_size=64"]
-COMMON = ["model.warmstart=null", "model.max_position_embeddings=128", "algo.truncated_reward=-1.0",
+COMMON = ["model.warmstart=null", "model.max_position_embeddings=128", "algo.truncated_reward=null",
+          "algo.mask_zero_std_groups=false",
           "val.at_start=false", "val.num_generations=1", "data.val_size=8", "data.test_size=8",
           "trainer.val_check_interval=100000", "save_policy=false", "trainer.enable_progress_bar=false",
           "~callbacks.completions", "callbacks.model_checkpoint.save_last=false",
