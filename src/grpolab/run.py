@@ -81,7 +81,11 @@ def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any],
                          "forward on the sampler's weights, which a background buffer does not have")
     if settings.async_generation and getattr(engine_cls, "reports_sampler_logp", False):
         engine_args["keep_sampler_weights"] = True  # a checkpoint with a buffer in flight stores the sampler's weights
-    return engine_args, settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)), engine_cls)
+    settings = settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)), engine_cls)
+    check_installed = getattr(engine_cls, "check_installed", None)
+    if check_installed is not None:  # e.g. rollout=vllm without vLLM: the install command, before any model
+        check_installed()
+    return engine_args, settings
 
 
 def build(cfg: DictConfig) -> dict[str, Any]:

@@ -91,6 +91,14 @@ def test_rollout_vllm_without_vllm_names_the_install_command(tmp_path):
     with pytest.raises(Exception, match=r'pip install -e "\.\[vllm\]"') as err:  # Hydra wraps the ImportError
         build(cfg)
     assert isinstance(err.value, ImportError) or isinstance(err.value.__cause__, ImportError)
+    # from the config alone, before any model is built
+    from omegaconf import OmegaConf
+
+    from grpolab.config import GRPOConfig
+    from grpolab.run import rollout_settings
+
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[vllm\]"'):
+        rollout_settings(cfg, GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True)))
 
 
 def test_correction_without_an_engine_that_reports_log_probs_is_an_error(tmp_path):

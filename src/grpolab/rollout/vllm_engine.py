@@ -115,6 +115,12 @@ class VLLMGenerationEngine:
 
     owns_weights = True
     reports_sampler_logp = True  # Generation.sampler_logp holds the engine's own log-probs
+
+    @staticmethod
+    def check_installed() -> None:
+        """Raise the :func:`import_vllm` ImportError (naming the install command) when vLLM is missing; called by
+        ``run.build`` before any model is built."""
+        import_vllm()
     # No trainer-side module holds the sampler's weights: with rollout.async_generation the engine's own log-probs
     # are log alpha (a recompute would need one; run.rollout_settings refuses that combination).
     sampler_model = None
