@@ -1,10 +1,10 @@
 """grpolab vs TRL's GRPOTrainer: seconds per optimizer step at equal work, side by side (issue 10's table).
 
     # once: TRL in its own venv (never a dependency of grpolab)
-    python -m venv /work/venv-trl
-    /work/venv-trl/bin/pip install <the torch wheel grpolab uses> -r benchmarks/requirements-trl.txt
+    python -m venv .venv-trl
+    .venv-trl/bin/pip install torch==2.13.0 -r benchmarks/requirements-trl.txt
     # the measurement (on an idle machine)
-    python benchmarks/vs_trl.py --trl-python /work/venv-trl/bin/python
+    python benchmarks/vs_trl.py --trl-python .venv-trl/bin/python
     python benchmarks/vs_trl.py --quick ...          # a 1-minute smoke run of the whole pipeline
 
 Both frameworks get the same model folder and tokenizer, the same "a+b=" prompts and exact-match reward,
@@ -159,7 +159,7 @@ def run_one(framework: str, python: str, case: str, threads: int, folders: dict[
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trl-python", default="/work/venv-trl/bin/python", help="python of the venv with TRL")
+    p.add_argument("--trl-python", default=".venv-trl/bin/python", help="python of the venv with TRL")
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--repeats", type=int, default=3)
