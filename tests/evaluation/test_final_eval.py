@@ -55,6 +55,7 @@ def test_final_eval_off_by_default(tmp_path):
 
 @pytest.mark.parametrize("override,key", [("final_eval.num_samples=0", "final_eval.num_samples"),
                                           ("final_eval.split=dev", "final_eval.split"),
+                                          ("final_eval.enabled=abc", "final_eval.enabled"),
                                           ("algo.importance_weight_cap=0.5", "algo.importance_weight_cap")])
 def test_bad_final_eval_or_cap_fails_before_any_model(tmp_path, override, key):
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "algo=grpo_offpolicy", "final_eval.enabled=true", override])

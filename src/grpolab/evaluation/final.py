@@ -28,12 +28,16 @@ def check_final_eval(cfg: Any) -> None:
     Raises:
         ValueError: naming the ``final_eval.<key>`` at fault.
     """
-    if not cfg or not cfg.get("enabled"):
+    if not cfg:
+        return
+    if not isinstance(cfg.get("enabled", False), bool):
+        raise ValueError(f"final_eval.enabled must be true or false, got {cfg.get('enabled')!r}")
+    if not cfg.enabled:
         return
     if cfg.split not in ("train", "val", "test"):
         raise ValueError(f"final_eval.split must be train, val or test, got {cfg.split!r}")
     for key in ("num_samples", "batch_size"):
-        if not (isinstance(cfg[key], int) and cfg[key] >= 1):
+        if isinstance(cfg[key], bool) or not (isinstance(cfg[key], int) and cfg[key] >= 1):
             raise ValueError(f"final_eval.{key} must be an int >= 1, got {cfg[key]!r}")
     if cfg.get("max_prompts") is not None and not (isinstance(cfg.max_prompts, int) and cfg.max_prompts >= 1):
         raise ValueError(f"final_eval.max_prompts must be null or an int >= 1, got {cfg.max_prompts!r}")
