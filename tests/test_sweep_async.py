@@ -19,7 +19,7 @@ def test_async_sweep_grid():
     cfg = compose_sweep("async", [])
     assert cfg.hydra.mode.name == "MULTIRUN" and cfg.task_name == "async"
     assert grid(cfg) == {"async_arm": list(ARMS), "seed": ["0", "1", "2"]}
-    assert cfg.trainer.max_steps == 1000 and cfg.callbacks.threads.num_threads == 1
+    assert cfg.trainer.max_steps == 1000 and "threads" not in cfg.callbacks  # every arm on all cores
 
 
 @pytest.mark.parametrize("arm", list(ARMS))

@@ -138,3 +138,50 @@ def test_async_on_policy_settings_still_store_log_alpha(tmp_path):
     # (equal weights give equal log-probs to fp32 round-off: the sampler copy has requires_grad off, which can
     # pick other kernels in the shared-prompt forward; a stale sampler gives tv_token ~1e-3)
     assert train["train/tv_token"].iloc[:2].lt(1e-6).all() and (train["train/tv_token"].iloc[2:] > 1e-5).all()
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 cores to split")
+def test_the_trainer_takes_every_core_once_the_sampler_is_idle():
+    # While a buffer is generated the trainer's thread has half the cores; once the job is done it gets them all
+    # back for its next steps (rollout.idle_cores_to_trainer); with the setting off it keeps half.
+    import threading
+
+    from grpolab.config import GRPOConfig
+    from grpolab.rollout.background import BackgroundJob, half_cores
+    from grpolab.rollout.datamodule import RolloutDataModule
+    from grpolab.rollout.settings import RolloutSettings
+    from grpolab.tasks.arithmetic import ArithmeticTask
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2 * half_cores())
+    try:
+        for lend in (True, False):
+            engine = HFSamplerCopyEngine([1], 0)
+            dm = RolloutDataModule(ArithmeticTask(val_size=8, test_size=8), None, engine,
+                                   GRPOConfig(steps_per_generation=2),
+                                   rollout=RolloutSettings(async_generation=True, idle_cores_to_trainer=lend))
+            release, seen = threading.Event(), []
+            dm._all_threads = torch.get_num_threads()
+            torch.set_num_threads(half_cores())  # as _start_job leaves the trainer's thread
+            dm._pending = BackgroundJob(lambda: (seen.append(torch.get_num_threads()), release.wait(10)), "buffer 1")
+            dm._balance_threads()
+            assert torch.get_num_threads() == half_cores()  # sampler busy: half each
+            release.set()
+            dm._pending.wait_quietly(10)
+            dm._balance_threads()
+            assert torch.get_num_threads() == (2 * half_cores() if lend else half_cores())
+            assert seen == [half_cores()]  # the job kept its own count
+            dm.teardown()
+            assert torch.get_num_threads() == 2 * half_cores()  # restored at the end of the run
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_async_bf16_buffers_are_sampled_under_the_training_autocast(tmp_path):
+    # autocast is per thread: the background sampler enters the trainer's precision context itself, so with the
+    # trainer's own log alpha (recompute_sampler_logp=true) the lag-0 ratio of the first buffer is exactly 1.
+    _, train = _run(tmp_path / "a", *ASYNC, "rollout.recompute_sampler_logp=true", "trainer.precision=bf16-mixed",
+                    "algo=grpo_offpolicy", "algo.steps_per_generation=2", "algo.truncated_reward=-1.0",
+                    "trainer.max_steps=3")
+    lag0 = train[train["train/lag"] == 0]
+    assert len(lag0) == 1 and lag0["train/ratio/max"].iloc[0] == 1.0 and lag0["train/ratio/min"].iloc[0] == 1.0

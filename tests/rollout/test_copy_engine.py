@@ -30,8 +30,8 @@ def test_explicit_generator_draws_what_the_global_rng_draws_and_leaves_it_alone(
     assert torch.equal(torch.get_rng_state(), before)  # the trainer's RNG is untouched
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
     # the engine's log-probs of the drawn tokens are those of the distribution sampled from, on both paths
-    assert b.log_probs.shape == a.log_probs.shape and torch.allclose(a.log_probs, b.log_probs, atol=1e-6)
-    assert (b.log_probs[b.completion_mask] < 0).all()
+    assert b.sampler_logp.shape == a.sampler_logp.shape and torch.allclose(a.sampler_logp, b.sampler_logp, atol=1e-6)
+    assert (b.sampler_logp[b.completion_mask] < 0).all()
 
 
 def test_copy_engine_samples_from_its_copy_until_the_next_push(tiny_spec):
@@ -80,3 +80,44 @@ def test_rollout_settings_split_and_validate():
         RolloutSettings(max_lag=8).validate(k10, owns_weights=True)
     with pytest.raises(ValueError, match="rollout.generation_timeout_s"):
         RolloutSettings(generation_timeout_s=0).validate(k10, owns_weights=True)
+
+
+@pytest.mark.parametrize("engine_cls,recompute,from_engine", [(HFSamplerCopyEngine, None, True),
+                                                              (HFSamplerCopyEngine, True, False),
+                                                              (HFGenerationEngine, None, False)])
+def test_log_alpha_is_recorded_while_sampling_unless_recomputed(tiny_spec, arithmetic_task, exact_reward,
+                                                                engine_cls, recompute, from_engine):
+    # hf_copy (as a separate inference engine) keeps the log-probs of the sampled tokens as log alpha: no
+    # forward over the buffer; they equal the trainer's forward of the sampler's weights to float32 round-off.
+    # The in-place engine recomputes by default (lag-0 ratio exactly 1).
+    from grpolab.config import GRPOConfig
+    from grpolab.rollout.forward import batched_log_probs
+    from grpolab.rollout.producer import RolloutProducer
+
+    tok = tiny_spec.load_tokenizer()
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=8, max_completion_length=12,
+                     steps_per_generation=2, temperature=0.7)
+    kwargs = {} if recompute is None else {"recompute_sampler_logp": recompute}
+    engine = engine_cls(tiny_spec.stop_token_ids(tok), tok.pad_token_id, **kwargs)
+    policy = tiny_spec.load_policy(None)
+    engine.sync_weights(policy)
+    producer = RolloutProducer(cfg, arithmetic_task, tok, engine, exact_reward)
+    producer.needs_sampler_logp = True
+    mbs = producer.produce(policy, None, arithmetic_task.splits()["train"][:4], 0, 0,
+                           torch.Generator().manual_seed(0))
+    for mb in mbs:
+        assert mb.sampler_logp_from_engine is from_engine and (mb.engine_logp is not None) is from_engine
+        trainer = batched_log_probs(policy, mb.tensors(), cfg.temperature, cfg.micro_batch_size,
+                                    cfg.shared_prompt_forward)
+        m = mb.completion_mask
+        assert m.sum() > 8
+        if from_engine:
+            assert (mb.sampler_logp[~m] == 0).all() and (mb.sampler_logp - trainer)[m].abs().max() < 1e-5
+        else:
+            assert torch.equal(mb.sampler_logp, trainer)
+
+
+def test_recompute_sampler_logp_must_be_a_boolean(tiny_spec):
+    tok = tiny_spec.load_tokenizer()
+    with pytest.raises(ValueError, match="rollout.recompute_sampler_logp must be true or false"):
+        HFSamplerCopyEngine(tiny_spec.stop_token_ids(tok), tok.pad_token_id, recompute_sampler_logp="no")

@@ -95,5 +95,5 @@ def test_sampling_uses_our_config_alone_not_the_model_folders(tmp_path, tiny_spe
                                        gen.completion_mask, temperature)
     m = gen.completion_mask
     assert m.sum() > 20
-    assert torch.allclose(gen.log_probs[m], logp[m], atol=1e-5), (gen.log_probs[m] - logp[m]).abs().max()
+    assert torch.allclose(gen.sampler_logp[m], logp[m], atol=1e-5), (gen.sampler_logp[m] - logp[m]).abs().max()
     assert model.generation_config.repetition_penalty == 1.5  # the model's own config is restored

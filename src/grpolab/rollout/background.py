@@ -2,9 +2,10 @@
 
 Why a thread and not a process: the sampler's weights, the verifiers and the producer are shared without
 pickling, a weight push is a ``load_state_dict`` in memory, and torch releases the GIL inside its kernels, so
-generation and the training step run on separate cores. torch 2.13's ``set_num_threads`` is process-wide
-(calling it in one thread changes every thread), so cores are split by giving torch ``cpu_count // 2``
-intra-op threads: each Python thread runs its own OpenMP team of that size (see :func:`split_cpu_threads`).
+generation and the training step run on separate cores (``benchmarks/async_overlap.py``: a subprocess gains
+3% over a thread here). With torch's OpenMP backend the intra-op thread count is per Python thread (OpenMP's
+per-thread setting): the job sets its own count when it starts, and the trainer's thread may change its own
+afterwards without touching the job's (the data module gives the trainer every core once the job is done).
 
 The thread is a daemon: a sampler that hangs cannot keep the process alive after the run has stopped.
 """
@@ -87,15 +88,20 @@ class BackgroundJob:
         self._done.wait(timeout_s)
 
 
+def half_cores() -> int:
+    """Half the CPU cores this process may run on (at least 1): the torch threads of each of trainer and sampler."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // 2)
+
+
 def split_cpu_threads() -> int:
     """Give torch half the CPU cores per Python thread, so trainer and sampler do not oversubscribe them.
 
     Returns the intra-op thread count now in use. Never raises the count (a run pinned to one thread stays so).
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    want = max(1, cores // 2)
+    want = half_cores()
     if torch.get_num_threads() > want:
-        log.info("async generation: torch intra-op threads %d -> %d (trainer and sampler threads each get %d "
-                 "of %d cores)", torch.get_num_threads(), want, want, cores)
+        log.debug("async generation: torch intra-op threads %d -> %d (trainer and sampler threads each get %d "
+                  "of %d cores)", torch.get_num_threads(), want, want, 2 * want)
         torch.set_num_threads(want)
     return torch.get_num_threads()

@@ -26,6 +26,9 @@ class HFSamplerCopyEngine(HFGenerationEngine):
 
     Args:
         stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows: as :class:`HFGenerationEngine`.
+        recompute_sampler_logp: False (default here, as a separate inference engine would): log alpha is the
+            log-probs recorded while sampling (no forward over the buffer); True: a forward on the sampler's
+            copy in the training pass's shapes (as :class:`HFGenerationEngine` does by default).
 
     Raises:
         RuntimeError: from ``generate`` or ``sampler_state_dict`` before the first ``sync_weights``.
@@ -35,8 +38,9 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     sampler_model: torch.nn.Module | None = None  # the copy; None until the first sync_weights
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
-                 drop_finished_rows: bool = True):
-        super().__init__(stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows)
+                 drop_finished_rows: bool = True, recompute_sampler_logp: bool = False):
+        super().__init__(stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows,
+                         recompute_sampler_logp)
         self.sampler_model: torch.nn.Module | None = None
 
     def sync_weights(self, model: Any) -> None:

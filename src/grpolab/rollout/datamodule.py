@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from grpolab.config import GRPOConfig
 from grpolab.errors import NonFiniteLossError
-from grpolab.rollout.background import BackgroundJob, split_cpu_threads
+from grpolab.rollout.background import BackgroundJob, half_cores, split_cpu_threads
 from grpolab.rollout.buffer import Minibatch, PromptSampler
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
@@ -105,6 +105,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._pending_spec: dict[str, Any] | None = None  # round, prompt indices and policy version
         self._restore: dict[str, Any] | None = None  # async: an in-flight spec from a checkpoint
         self._bg_tokenizer: Any = None
+        self._all_threads: int | None = None  # async: torch threads of the trainer before the first split
 
     def connect(self, module: Any) -> None:
         """Attach the module that owns the live policy (its ``policy``, ``reference``, ``tokenizer``)."""
@@ -168,6 +169,7 @@ class RolloutDataModule(L.LightningDataModule):
         if self.settings.async_generation and self._pending is None \
                 and self.position >= self.settings.push_delay(self.steps_per_buffer) and self._next_buffer_needed():
             self._launch(self._step())
+        self._balance_threads()
         mb = self.buffer[self.position // self.cfg.num_iterations]
         mb.iteration = self.position % self.cfg.num_iterations
         lag = self._step() - mb.policy_version
@@ -249,13 +251,30 @@ class RolloutDataModule(L.LightningDataModule):
         max_steps = getattr(self.module.trainer, "max_steps", -1) if self.module._trainer is not None else -1
         return max_steps is None or max_steps < 0 or self.rounds * self.steps_per_buffer < max_steps
 
-    def _launch(self, step: int) -> None:
-        """Push the policy (version ``step``) and generate buffer ``rounds`` from it in the background."""
+    def _launch(self, step: int, overlap: bool = True) -> None:
+        """Push the policy (version ``step``) and generate buffer ``rounds`` from it in the background.
+        ``overlap=False``: the trainer waits for this buffer, so the sampler gets every core."""
         self._push_weights(step)
-        self._start_job({"round": self.rounds, "indices": self._take_rows(), "policy_version": self.sampler_version})
+        self._start_job({"round": self.rounds, "indices": self._take_rows(), "policy_version": self.sampler_version},
+                        overlap)
 
-    def _start_job(self, spec: dict[str, Any]) -> None:
-        split_cpu_threads()
+    def _balance_threads(self) -> None:
+        """Async, ``rollout.idle_cores_to_trainer``: the trainer's torch threads for the coming step, half the
+        cores while the sampler generates (:func:`split_cpu_threads`), all of them once its buffer is done."""
+        if self._all_threads is None or not self.settings.idle_cores_to_trainer:
+            return
+        busy = self._pending is not None and not self._pending.done()
+        want = min(half_cores(), self._all_threads) if busy else self._all_threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
+    def _start_job(self, spec: dict[str, Any], overlap: bool = True) -> None:
+        if self._all_threads is None:
+            self._all_threads = torch.get_num_threads()
+        if overlap:  # trainer and sampler threads get half the cores each (the job takes the trainer's count)
+            split_cpu_threads()
+        elif torch.get_num_threads() != self._all_threads:
+            torch.set_num_threads(self._all_threads)
         train = self.task.splits()["train"]
         rows = [train[i] for i in spec["indices"]]
         policy = self._sampler_policy()
@@ -267,10 +286,12 @@ class RolloutDataModule(L.LightningDataModule):
         if self._bg_tokenizer is None:  # its own tokenizer: a fast tokenizer is not safe to share across threads
             self._bg_tokenizer = copy.deepcopy(self.module.tokenizer)
         producer.tokenizer = self._bg_tokenizer
+        # autocast is per thread: the sampler samples (and takes log alpha) under the training forward's precision
+        precision = self._precision()
 
         def produce() -> tuple[list[Minibatch], dict[str, int]]:
             # the current CUDA device is per thread: a new thread would start on cuda:0 whatever the rank
-            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(), precision:
                 return producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator), \
                     producer.counters
 
@@ -288,7 +309,7 @@ class RolloutDataModule(L.LightningDataModule):
         start = time.perf_counter()
         step = self._step()
         if self._pending is None:  # the first buffer (or no overlap: push delay = a whole buffer)
-            self._launch(step)
+            self._launch(step, overlap=False)
         job, self._pending, self._pending_spec = self._pending, None, None
         self.buffer, counters = job.result(self.settings.generation_timeout_s, step)
         self.producer.add_counts(counters)
@@ -302,6 +323,8 @@ class RolloutDataModule(L.LightningDataModule):
         """Let a buffer still in flight finish (bounded by the timeout), so no thread samples after the run."""
         if self._pending is not None:
             self._pending.wait_quietly(self.settings.generation_timeout_s)
+        if self._all_threads is not None and torch.get_num_threads() != self._all_threads:
+            torch.set_num_threads(self._all_threads)  # the trainer's threads as they were before async split them
 
     def _rank_world(self) -> tuple[int, int]:
         trainer = getattr(self.module, "_trainer", None)

@@ -28,8 +28,10 @@ from grpolab.rollout.decode import sample_completions, supports_decode_loop
 class SamplingParams:
     """How to sample. ``top_k=0`` and ``top_p=1.0`` disable truncation (pitfalls.md #13).
 
-    ``return_log_probs`` also returns the log-probs of the sampled tokens under the distribution ``generate``
-    actually sampled from (its processed scores), for checking that it is the one the trainer scores.
+    ``return_log_probs`` asks a Hugging Face engine for the log-probs of the sampled tokens under the
+    distribution it actually sampled from (``Generation.sampler_logp``): the producer asks for them when a
+    minibatch needs log alpha and the engine does not recompute it (``recompute_sampler_logp=false``).
+    vLLM reports them always.
     """
 
     temperature: float = 1.0
@@ -53,12 +55,12 @@ class Generation:
         completion_ids: [B, L] long, as sampled; positions after the first stop token hold padding.
         completion_mask: [B, L] bool, 1 up to and including the first stop token (pitfalls.md #5-#7).
         truncated: [B] bool, True when no stop token was sampled within ``max_new_tokens``.
-        log_probs: [B, L] float32 log-probs of the sampled tokens from ``generate``'s processed scores (0
-            after the first stop token), or None unless ``SamplingParams.return_log_probs``.
-        sampler_logp: [B, L] float32 or None, the log-probs an engine with its own weights reports for each
-            sampled completion token under the sampling temperature (vLLM's ``processed_logprobs``), 0 outside
-            ``completion_mask``; the producer stores them as log alpha. None when the engine reports none
-            (Hugging Face engines: see ``log_probs`` for their opt-in check) or for greedy decoding.
+        sampler_logp: [B, L] float32 or None, the log-probs the engine reports for each sampled completion
+            token under the distribution it sampled from (the tempered softmax: vLLM's ``processed_logprobs``,
+            the decode loop's ``log_softmax(logits / T)``; untempered for a greedy Hugging Face call), 0
+            outside ``completion_mask``; the producer stores them as log alpha unless the engine recomputes it.
+            vLLM: always when sampling, None when greedy. Hugging Face engines: only with
+            ``SamplingParams.return_log_probs``.
     """
 
     prompt_ids: torch.Tensor
@@ -66,7 +68,6 @@ class Generation:
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
     truncated: torch.Tensor
-    log_probs: torch.Tensor | None = None
     sampler_logp: torch.Tensor | None = None
 
 
@@ -117,10 +118,14 @@ class HFGenerationEngine:
         drop_finished_rows: sample with :func:`~grpolab.rollout.decode.sample_completions`, which stops
             computing a row once it has stopped (same distribution; used when top_k=0 and top_p=1 or greedy,
             and the model supports it), instead of ``model.generate``.
+        recompute_sampler_logp: True (default here): log alpha comes from a trainer forward in the training
+            pass's micro-batch shapes, so the lag-0 ratio is exactly 1 (pitfalls.md #8). False: the log-probs
+            of the sampled tokens recorded while sampling are log alpha (no extra forward over the buffer;
+            equal to the forward's within float round-off, ~1e-6 in float32, more under bf16 autocast).
     """
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
-                 drop_finished_rows: bool = True):
+                 drop_finished_rows: bool = True, recompute_sampler_logp: bool = True):
         if not stop_token_ids:
             raise ValueError("rollout: at least one stop token id is needed")
         if generation_batch_size is not None and generation_batch_size < 1:
@@ -129,6 +134,9 @@ class HFGenerationEngine:
         self.pad_token_id = pad_token_id
         self.generation_batch_size = generation_batch_size
         self.drop_finished_rows = drop_finished_rows
+        if not isinstance(recompute_sampler_logp, bool):
+            raise ValueError(f"rollout.recompute_sampler_logp must be true or false, got {recompute_sampler_logp!r}")
+        self.recompute_sampler_logp = recompute_sampler_logp
 
     owns_weights = False
 
@@ -281,4 +289,4 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
             logp = torch.where(cm.mask.bool(), logp, torch.zeros_like(logp))
             fields["lp"].append(torch.nn.functional.pad(logp, (0, lc), value=0.0))
     log_probs = torch.cat(fields["lp"]) if len(fields["lp"]) == len(parts) else None
-    return Generation(*(torch.cat(fields[k]) for k in ("pi", "pm", "ci", "cm", "tr")), log_probs=log_probs)
+    return Generation(*(torch.cat(fields[k]) for k in ("pi", "pm", "ci", "cm", "tr")), sampler_logp=log_probs)

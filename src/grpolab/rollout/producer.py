@@ -47,10 +47,12 @@ class RolloutProducer:
         engine: a :class:`~grpolab.rollout.engine.GenerationEngine`.
         reward_model: a callable ``(completions, **columns) -> RewardOutput`` (``.rewards``, ``.per_func``).
 
-    When the engine reports its own log-probs (``Generation.sampler_logp``, vLLM) and a minibatch needs
-    ``log alpha`` (k > 1 or i > 1), they are used as ``mb.sampler_logp`` without a trainer forward, unless the
-    engine's ``recompute_sampler_logp`` or ``algo.vllm_importance_sampling_correction`` asks for the trainer's
-    own ``log alpha`` (TRL recomputes it). The engine's values are kept in ``mb.engine_logp`` either way.
+    When a minibatch needs ``log alpha`` (k > 1, i > 1 or async) and the engine does not recompute it
+    (``engine.recompute_sampler_logp`` false: vLLM and ``hf_copy`` by default), the log-probs the engine
+    reports for the sampled tokens (``Generation.sampler_logp``; Hugging Face engines are asked for them) are
+    ``mb.sampler_logp``, without a forward over the buffer. ``recompute_sampler_logp`` or
+    ``algo.vllm_importance_sampling_correction`` asks for the trainer's own ``log alpha`` (TRL recomputes
+    it). The engine's values are kept in ``mb.engine_logp`` either way (the mismatch metrics read them).
     """
 
     def __init__(self, cfg: GRPOConfig, task: Any, tokenizer: Any, engine: GenerationEngine, reward_model: Any):
@@ -81,17 +83,20 @@ class RolloutProducer:
             for k, v in counters.items():
                 self.counters[k] = self.counters.get(k, 0) + v
 
-    def sampling(self, greedy: bool = False, generator: torch.Generator | None = None) -> SamplingParams:
+    def sampling(self, greedy: bool = False, generator: torch.Generator | None = None,
+                 log_probs: bool = False) -> SamplingParams:
         c = self.cfg
         return SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k or 0,
-                              max_new_tokens=c.max_completion_length, do_sample=not greedy, generator=generator)
+                              max_new_tokens=c.max_completion_length, do_sample=not greedy, generator=generator,
+                              return_log_probs=log_probs)
 
     def sample(self, policy: Any, rows: list[dict], num_generations: int, greedy: bool = False,
-               step: int | None = None, generator: torch.Generator | None = None) -> dict[str, Any]:
+               step: int | None = None, generator: torch.Generator | None = None,
+               log_probs: bool = False) -> dict[str, Any]:
         """Generate ``num_generations`` completions per row and score them (rows stay grouped, row-major).
 
         ``step`` (the optimizer step, when training) is named in errors. ``generator`` is the sampling RNG
-        (None = torch's global RNG).
+        (None = torch's global RNG). ``log_probs`` asks the engine for the sampled tokens' log-probs.
 
         Returns:
             dict with ``generation`` (:class:`~grpolab.rollout.engine.Generation`), ``rows`` (each input row
@@ -101,7 +106,7 @@ class RolloutProducer:
         prompts = encode_prompts(self.task, self.tokenizer, rows, self.cfg.max_prompt_length)
         rep_rows = [r for r in rows for _ in range(num_generations)]
         rep_prompts = [p for p in prompts for _ in range(num_generations)]
-        gen = self.engine.generate(policy, rep_prompts, self.sampling(greedy, generator))
+        gen = self.engine.generate(policy, rep_prompts, self.sampling(greedy, generator, log_probs))
         texts = [self.tokenizer.decode(ids[m].tolist(), skip_special_tokens=True)
                  for ids, m in zip(gen.completion_ids, gen.completion_mask)]
         columns = {k: [r.get(k) for r in rep_rows] for k in rep_rows[0] if k not in ("prompt",)}
@@ -135,7 +140,8 @@ class RolloutProducer:
         """
         c = self.cfg
         recompute = bool(getattr(self.engine, "recompute_sampler_logp", False)) or c.vllm_importance_sampling_correction
-        s = self.sample(policy, rows, c.num_generations, step=policy_version, generator=generator)
+        s = self.sample(policy, rows, c.num_generations, step=policy_version, generator=generator,
+                        log_probs=self.needs_sampler_logp and not recompute)
         gen, n_per = s["generation"], c.per_device_train_batch_size
         uids = [r["uid"] for r in s["rows"]]
         # One group per drawn prompt: sample() repeats rows[k] num_generations times in order, so a prompt
