@@ -9,8 +9,10 @@ from grpolab.rollout.settings import split_rollout_config
 
 ARMS = {  # arm -> (k, i, async, rollout engine)
     "k1": (1, 1, False, "HFGenerationEngine"),
+    "k1_async": (1, 1, True, "HFSamplerCopyEngine"),
     "k10": (10, 1, False, "HFGenerationEngine"),
     "k10_async": (10, 1, True, "HFSamplerCopyEngine"),
+    "k10_async_ppo": (10, 1, True, "HFSamplerCopyEngine"),
     "reuse_i10": (1, 10, False, "HFGenerationEngine"),
 }
 
