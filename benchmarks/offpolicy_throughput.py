@@ -13,8 +13,8 @@ benchmark saves the random model with its <eos> embedding zeroed and the others 
 0 keeps the plain random model. Truncated completions are scored by their text and the zero-variance mask is
 off in every arm, so no reward teaches the model to stop early and every arm trains on all 128 rows.) The arms ending in _allcores run with torch on every core;
 the others are pinned to one torch thread (k10_async: one per Python thread). k10_async_allcores is the default
-async setting: trainer and sampler threads get half the cores each while the sampler generates, and the trainer
-takes every core once the buffer is done (rollout.idle_cores_to_trainer). The "x" columns compare each arm with
+async setting: trainer and sampler threads get half the cores each for the first half of each buffer's steps while
+the next buffer is generated, then the trainer takes every core (rollout.overlap_steps). The "x" columns compare each arm with
 k1_allcores (on-policy GRPO as a user runs it) when it is measured, else with k1. Each arm is the real CLI (`python src/train.py ...`) in its own folder under
 benchmarks/results/offpolicy_throughput/<timestamp>/<arm>/; numbers come from its metrics.csv and summary.json:
 

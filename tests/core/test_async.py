@@ -120,12 +120,13 @@ class DyingEngine(FaultyEngine):
 @pytest.mark.parametrize("engine,message", [("FaultyEngine", "did not deliver rollout buffer 2 within"),
                                             ("DyingEngine", "sampler process died")])
 def test_a_hanging_or_dying_sampler_stops_the_run_naming_the_step(tmp_path, engine, message):
-    with pytest.raises(RolloutEngineError, match=f"step 4: .*{message}"):
+    # (the trainer waits for buffer 2 at step 3, half-way through buffer 1: rollout.overlap_steps)
+    with pytest.raises(RolloutEngineError, match=f"step 3: .*{message}"):
         _run(tmp_path, *ASYNC, f"rollout._target_={__name__}.{engine}", "rollout.generation_timeout_s=1",
              "algo=grpo_offpolicy", "algo.steps_per_generation=2", "trainer.max_steps=8",
              "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_checkpoint.monitor=null")
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
-    assert last["global_step"] == 4  # the last good state is kept
+    assert last["global_step"] == 2  # the last good state is kept
 
 
 def test_async_on_policy_settings_still_store_log_alpha(tmp_path):
@@ -140,41 +141,55 @@ def test_async_on_policy_settings_still_store_log_alpha(tmp_path):
     assert train["train/tv_token"].iloc[:2].lt(1e-6).all() and (train["train/tv_token"].iloc[2:] > 1e-5).all()
 
 
-@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 cores to split")
-def test_the_trainer_takes_every_core_once_the_sampler_is_idle():
-    # While a buffer is generated the trainer's thread has half the cores; once the job is done it gets them all
-    # back for its next steps (rollout.idle_cores_to_trainer); with the setting off it keeps half.
-    import threading
+class SlowCopyEngine(HFSamplerCopyEngine):
+    """The real copy engine, 0.5 s slower per buffer (a sampler that finishes long after the trainer's steps)."""
 
-    from grpolab.config import GRPOConfig
-    from grpolab.rollout.background import BackgroundJob, half_cores
-    from grpolab.rollout.datamodule import RolloutDataModule
-    from grpolab.rollout.settings import RolloutSettings
-    from grpolab.tasks.arithmetic import ArithmeticTask
+    def generate(self, model, prompts, params):
+        time.sleep(0.5)
+        return super().generate(model, prompts, params)
+
+
+class ThreadLog(__import__("lightning").Callback):
+    """Records the trainer thread's torch thread count at the start of every training step."""
+
+    def __init__(self):
+        self.threads = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.threads.append(torch.get_num_threads())
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 cores to split")
+@pytest.mark.parametrize("engine", ["HFSamplerCopyEngine", "SlowCopyEngine"])
+def test_the_trainer_takes_every_core_on_a_fixed_schedule(tmp_path, engine):
+    # k=4: the next buffer is generated beside steps 0-1 of each buffer (overlap_steps null = 2), trainer and
+    # sampler on half the cores; at step 2 the trainer waits for it and takes every core. A slow sampler changes
+    # nothing in the schedule (timing never decides a thread count, so the bits cannot depend on it).
+    from grpolab.rollout.background import half_cores
+    from grpolab.run import build
 
     before = torch.get_num_threads()
     torch.set_num_threads(2 * half_cores())
     try:
-        for lend in (True, False):
-            engine = HFSamplerCopyEngine([1], 0)
-            dm = RolloutDataModule(ArithmeticTask(val_size=8, test_size=8), None, engine,
-                                   GRPOConfig(steps_per_generation=2),
-                                   rollout=RolloutSettings(async_generation=True, idle_cores_to_trainer=lend))
-            release, seen = threading.Event(), []
-            dm._all_threads = torch.get_num_threads()
-            torch.set_num_threads(half_cores())  # as _start_job leaves the trainer's thread
-            dm._pending = BackgroundJob(lambda: (seen.append(torch.get_num_threads()), release.wait(10)), "buffer 1")
-            dm._balance_threads()
-            assert torch.get_num_threads() == half_cores()  # sampler busy: half each
-            release.set()
-            dm._pending.wait_quietly(10)
-            dm._balance_threads()
-            assert torch.get_num_threads() == (2 * half_cores() if lend else half_cores())
-            assert seen == [half_cores()]  # the job kept its own count
-            dm.teardown()
-            assert torch.get_num_threads() == 2 * half_cores()  # restored at the end of the run
+        cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "val.at_start=false", *ASYNC, "algo=grpo_offpolicy",
+                                           "algo.steps_per_generation=4", "trainer.max_steps=8",
+                                           f"rollout._target_={__name__}.{engine}"])
+        parts = build(cfg)
+        log = ThreadLog()
+        parts["trainer"].callbacks.append(log)
+        parts["trainer"].fit(parts["module"], datamodule=parts["datamodule"])
+        half, full = half_cores(), 2 * half_cores()
+        # buffer 1 is generated beside steps 0-1; no buffer is needed after the step-4 refresh (max_steps 8)
+        assert log.threads == [half, half, full, full, full, full, full, full]
+        assert torch.get_num_threads() == full  # restored at teardown
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "two"])
+def test_overlap_steps_must_be_a_positive_integer(tmp_path, value):
+    with pytest.raises(ValueError, match="rollout.overlap_steps must be null or an integer >= 1"):
+        _run(tmp_path, *ASYNC, f"rollout.overlap_steps={value}", "trainer.max_steps=2")
 
 
 def test_async_bf16_buffers_are_sampled_under_the_training_autocast(tmp_path):

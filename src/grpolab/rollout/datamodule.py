@@ -259,12 +259,19 @@ class RolloutDataModule(L.LightningDataModule):
                         overlap)
 
     def _balance_threads(self) -> None:
-        """Async, ``rollout.idle_cores_to_trainer``: the trainer's torch threads for the coming step, half the
-        cores while the sampler generates (:func:`split_cpu_threads`), all of them once its buffer is done."""
-        if self._all_threads is None or not self.settings.idle_cores_to_trainer:
+        """Async: the trainer's torch threads for the coming step. While the next buffer is generated (for
+        ``rollout.overlap_steps`` steps after its launch) trainer and sampler threads get half the cores each;
+        from then on the trainer waits for that buffer if it is not done and takes every core. The schedule
+        depends on the step alone, never on timing, so the run is reproducible bit for bit."""
+        if self._all_threads is None:
             return
-        busy = self._pending is not None and not self._pending.done()
-        want = min(half_cores(), self._all_threads) if busy else self._all_threads
+        pending = self._pending is not None
+        if pending and self.position >= self.settings.overlap_end(self.steps_per_buffer):
+            start = time.perf_counter()
+            self._pending.result(self.settings.generation_timeout_s, self._step())  # raises, naming the step
+            self.time_rollout_s += time.perf_counter() - start
+            pending = False
+        want = min(half_cores(), self._all_threads) if pending else self._all_threads
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 

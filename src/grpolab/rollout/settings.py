@@ -31,10 +31,12 @@ class RolloutSettings:
             generates the next buffer from (:meth:`push_delay`). Must be >= k*i-1.
         generation_timeout_s: seconds the trainer waits for a background buffer before the run stops with
             an error naming the step (null = wait forever).
-        idle_cores_to_trainer: async on CPU: while the sampler generates, trainer and sampler get half the
-            cores each; once the buffer is done (the sampler is idle until the next refresh) the trainer takes
-            every core for its next steps. Results do not depend on it where the kernels give the same bits at
-            any thread count (tested for the tiny model); false keeps the split for the whole run.
+        overlap_steps: async: how many training steps of each buffer run beside the generation of the next
+            one, trainer and sampler threads with half the CPU cores each. At the end of them the trainer waits
+            for the next buffer (if it is not done yet) and takes every core for the rest of the buffer. A fixed
+            number of steps, never a timing, decides which steps run on how many threads, so a run stays
+            bitwise reproducible (kernels' results can depend on the thread count). null = half the steps of a
+            buffer, rounded up (k=10: 5); >= the steps of a buffer keeps the split for the whole buffer.
 
     Raises:
         ValueError: naming ``rollout.<key>``.
@@ -43,7 +45,7 @@ class RolloutSettings:
     async_generation: bool = False
     max_lag: int | None = None
     generation_timeout_s: float | None = None
-    idle_cores_to_trainer: bool = True
+    overlap_steps: int | None = None
 
     def validate(self, algo: GRPOConfig, owns_weights: bool, engine: Any = None) -> RolloutSettings:
         """Check the values against the algorithm and the engine (class or instance); returns self."""
@@ -63,11 +65,17 @@ class RolloutSettings:
                 raise ValueError(f"rollout.max_lag must be null or an integer >= algo.steps_per_generation x "
                                  f"algo.num_iterations - 1 = {per_buffer - 1} (the lag within one buffer), got "
                                  f"{self.max_lag!r}")
-        if not isinstance(self.idle_cores_to_trainer, bool):
-            raise ValueError(f"rollout.idle_cores_to_trainer must be true or false, got {self.idle_cores_to_trainer!r}")
+        if self.overlap_steps is not None and (isinstance(self.overlap_steps, bool)
+                                               or not isinstance(self.overlap_steps, int) or self.overlap_steps < 1):
+            raise ValueError(f"rollout.overlap_steps must be null or an integer >= 1, got {self.overlap_steps!r}")
         if self.generation_timeout_s is not None and not self.generation_timeout_s > 0:
             raise ValueError(f"rollout.generation_timeout_s must be > 0 or null, got {self.generation_timeout_s!r}")
         return self
+
+    def overlap_end(self, steps_per_buffer: int) -> int:
+        """Position in a buffer from which the trainer has waited for the next buffer and uses every core."""
+        steps = self.overlap_steps if self.overlap_steps is not None else -(-steps_per_buffer // 2)
+        return self.push_delay(steps_per_buffer) + steps
 
     def push_delay(self, steps_per_buffer: int) -> int:
         """Steps into buffer r at which the sampler takes the weights for buffer r+1 (async only).
