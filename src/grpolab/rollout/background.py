@@ -5,7 +5,8 @@ pickling, a weight push is a ``load_state_dict`` in memory, and torch releases t
 generation and the training step run on separate cores (``benchmarks/async_overlap.py``: a subprocess gains
 3% over a thread here). With torch's OpenMP backend the intra-op thread count is per Python thread (OpenMP's
 per-thread setting): the job sets its own count when it starts, and the trainer's thread may change its own
-afterwards without touching the job's (the data module gives the trainer every core once the job is done).
+afterwards without touching the job's (the data module gives the trainer every core after ``rollout.overlap_steps``
+steps of each buffer).
 
 The thread is a daemon: a sampler that hangs cannot keep the process alive after the run has stopped.
 """
@@ -101,7 +102,7 @@ def split_cpu_threads() -> int:
     """
     want = half_cores()
     if torch.get_num_threads() > want:
-        log.debug("async generation: torch intra-op threads %d -> %d (trainer and sampler threads each get %d "
-                  "of %d cores)", torch.get_num_threads(), want, want, 2 * want)
+        log.debug("async generation: torch intra-op threads %d -> %d (trainer and sampler threads get %d each)",
+                  torch.get_num_threads(), want, want)
         torch.set_num_threads(want)
     return torch.get_num_threads()
