@@ -74,6 +74,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
         grads = {t: _grad(ddp, half, t, 2, sum_over_ranks, ddp.no_sync) for t in LOSS_TYPES}
         torch.save(grads, f"{out}/rank{rank}.pt")
+        dist.barrier()  # neither rank tears gloo down while the other still uses it
     finally:
         dist.destroy_process_group()
 
