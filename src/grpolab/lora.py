@@ -1,5 +1,5 @@
 """LoRA through PEFT: settings (``model.lora``), wrapping the policy, the adapter-disabled reference model,
-parameter counts and the merged export.
+parameter counts, the merged weights a sampler engine loads, and the merged export.
 
 With LoRA the reference model of the KL term (``algo.beta > 0``) is the SAME base weights with the adapters
 switched off (PEFT's ``disable_adapter``), so it costs no second copy of the model (as in TRL).
@@ -158,6 +158,42 @@ class AdapterDisabledReference(torch.nn.Module):
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("the LoRA reference is the base model; algo.ref_refresh_every is not supported "
                                   "with model.lora.r")
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights under the base model's checkpoint names, LoRA deltas merged in; ``model`` is untouched.
+
+    For a plain model this is ``model.state_dict()``. For a PEFT LoRA model every adapted linear layer's
+    ``weight`` is ``base_layer.weight + get_delta_weight(adapter)`` (PEFT's own delta: ``alpha / r`` * B A,
+    transposed for ``fan_in_fan_out``), the adapter tensors are dropped and ``.base_layer`` leaves the names:
+    the same tensors, bit for bit, as ``merge_and_unload()`` gives, without merging in place. TRL instead merges,
+    pushes and unmerges the live model (``merge_adapter``/``unmerge_adapter``), which rounds the base weights a
+    little at every sync; here the trainer's weights never change.
+
+    Returns:
+        name -> tensor, the keys of the base model's ``state_dict`` (e.g. ``model.layers.0.self_attn.q_proj.weight``),
+        dtypes and devices of the policy. Merged weights are new tensors; the others are the policy's own
+        (detached), so a caller that keeps them must copy them.
+
+    Raises:
+        NotImplementedError: for a PEFT model with more than one active adapter.
+    """
+    if not is_peft(model):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    state = {k: v.detach() for k, v in base.state_dict().items() if ".lora_" not in k}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not isinstance(module, LoraLayer) or not module.active_adapters:
+                continue
+            if len(module.active_adapters) != 1:
+                raise NotImplementedError(f"{name}: {len(module.active_adapters)} active LoRA adapters; one is "
+                                          "supported")
+            key = f"{name}.base_layer.weight"
+            state[key] = state[key] + module.get_delta_weight(module.active_adapters[0]).to(state[key].dtype)
+    return {k.replace(".base_layer.", "."): v for k, v in state.items()}
 
 
 def count_parameters(model: torch.nn.Module) -> dict[str, int]:

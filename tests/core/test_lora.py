@@ -100,3 +100,30 @@ def test_lora_with_reference_refresh_is_rejected(tmp_path):
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *LORA, "algo.ref_refresh_every=10"])
     with pytest.raises(ValueError, match=r"algo\.ref_refresh_every"):
         run_training(cfg)
+
+
+def test_merged_state_dict_is_merge_and_unload_bit_for_bit_and_leaves_the_policy_alone():
+    # What a sampler engine (rollout=vllm) loads: base checkpoint names, LoRA folded in, no merge in place.
+    import copy
+
+    from grpolab.lora import LoraSettings, apply_lora, merged_state_dict
+
+    base = random_qwen2(build_char_tokenizer(), _arch(), seed=0, dtype=torch.float32)
+    names = set(base.state_dict())
+    policy = apply_lora(base, LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.1)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    got = merged_state_dict(policy)
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert set(got) == set(expected) == names
+    for k in got:
+        torch.testing.assert_close(got[k], expected[k], rtol=0, atol=0, msg=k)
+    after = policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the trainer's weights never move
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(got[q], after[f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"])
+    plain = random_qwen2(build_char_tokenizer(), _arch(), seed=0, dtype=torch.float32)
+    assert merged_state_dict(plain).keys() == plain.state_dict().keys()

@@ -172,6 +172,30 @@ def test_offpolicy_training_pushes_once_per_refresh_and_uses_the_engine_logp(tmp
     assert metrics["val/accuracy"].notna().any()
 
 
+def test_a_lora_policy_is_pushed_merged(tmp_path, spec):
+    # vLLM loads base checkpoint names: the adapters are folded into the pushed weights (grpolab.lora.
+    # merged_state_dict). Pushing PEFT's own names failed inside vLLM; pushing the base alone would sample stale.
+    steps, k = 7, 3
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *VLLM_OVERRIDES, "model.lora.r=4", "algo=grpo_offpolicy",
+                                       f"algo.steps_per_generation={k}", f"trainer.max_steps={steps}",
+                                       "trainer.val_check_interval=100", "val.at_start=false",
+                                       "algo.truncated_reward=-1.0", "algo.learning_rate=3e-2"])
+    parts = build(cfg)
+    module, dm = parts["module"], parts["datamodule"]
+    parts["trainer"].fit(module, datamodule=dm)
+    engine, policy = dm.engine, module.policy
+    assert engine.weight_pushes == math.ceil(steps / k)
+    train = pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"])
+    lag0 = train["train/lag"] == 0
+    assert (train["train/sampling/sampling_logp_difference/max"][lag0] < 1e-3).all()
+    engine.sync_weights(policy)  # the adapters after training
+    gen = engine.generate(policy, _prompts(spec.load_tokenizer()), SamplingParams(temperature=1.0, max_new_tokens=8))
+    mask = gen.completion_mask
+    assert ((_trainer_logp(policy, gen, 1.0) - gen.sampler_logp).abs() * mask).max() < 1e-3
+    with policy.disable_adapter():  # the adapters moved the policy: the base alone would be a stale sampler
+        assert ((_trainer_logp(policy, gen, 1.0) - gen.sampler_logp).abs() * mask).max() > 1e-2
+
+
 def test_recompute_and_importance_sampling_correction_log_every_minibatch(tmp_path):
     _, engine, metrics = _fit(tmp_path, "algo=grpo_offpolicy", "algo.steps_per_generation=2", "trainer.max_steps=4",
                               "trainer.val_check_interval=100", "val.at_start=false",

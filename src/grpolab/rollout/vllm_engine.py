@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from grpolab.algo.masks import completion_mask
+from grpolab.lora import merged_state_dict
 from grpolab.rollout.engine import Generation, HFGenerationEngine, SamplingParams, left_pad
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,8 @@ class VLLMGenerationEngine:
                 self._push(model)
 
     def _push(self, model: Any) -> None:
-        self._push_state(model.state_dict())  # checkpoint names; a tied lm_head.weight is skipped by vLLM, re-tied
+        # checkpoint names (a LoRA policy is pushed merged); a tied lm_head.weight is skipped by vLLM, re-tied
+        self._push_state(merged_state_dict(model))
 
     def _push_state(self, state: dict[str, torch.Tensor]) -> None:
         self._wake()
