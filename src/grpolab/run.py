@@ -173,7 +173,9 @@ def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, t
 
 def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: RolloutDataModule, total_s: float) -> dict:
     hist = module.val_history
-    first, last = (hist[0], hist[-1]) if hist else ({}, {})
+    # "start" is the step-0 measurement only (val.at_start); with at_start=false it is null, not a later step
+    first = next((h for h in hist if h["step"] == 0), {})
+    last = hist[-1] if hist else {}
     return {
         "val_accuracy_start": first.get("accuracy"),
         "val_accuracy_end": last.get("accuracy"),

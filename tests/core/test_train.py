@@ -128,3 +128,16 @@ def test_a_run_without_learning_signal_says_so(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="grpolab.module"):
         _run(tmp_path, "trainer.max_steps=21", "val.at_start=false", "trainer.val_check_interval=100")
     assert any("zero reward variance for 20 steps" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("at_start", [True, False])
+def test_val_accuracy_start_is_the_step0_measurement_or_null(tmp_path, at_start):
+    summary, _ = _run(tmp_path, "trainer.max_steps=2", "trainer.val_check_interval=1", f"val.at_start={at_start}",
+                      "save_policy=false")
+    steps = [h["step"] for h in summary["val_history"]]
+    assert steps == ([0] if at_start else []) + [1, 2]
+    if at_start:
+        assert summary["val_accuracy_start"] == summary["val_history"][0]["accuracy"]
+    else:  # not the step-1 value under the name of a start
+        assert summary["val_accuracy_start"] is None and summary["val_greedy_accuracy_start"] is None
+    assert summary["val_accuracy_end"] == summary["val_history"][-1]["accuracy"]
