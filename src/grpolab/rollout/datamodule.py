@@ -33,7 +33,8 @@ from grpolab.rollout.background import BackgroundJob, half_cores, split_cpu_thre
 from grpolab.rollout.buffer import Minibatch, PromptSampler
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
-from grpolab.rollout.resume import buffer_settings, changed_buffer_settings
+from grpolab.rollout.resume import (buffer_settings, changed_buffer_settings, gather_rank_states, has_pending_rows,
+                                    rank_state, saved_world_size)
 from grpolab.rollout.settings import RolloutSettings
 
 log = logging.getLogger(__name__)
@@ -341,12 +342,21 @@ class RolloutDataModule(L.LightningDataModule):
 
     # ----------------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict() if self.sampler else None, "buffer": [mb.to_dict() for mb in self.buffer],
-                "position": self.position, "rounds": self.rounds, "time_rollout_s": self.time_rollout_s,
-                "counters": dict(self.producer.counters) if self.producer else {},
-                "weight_syncs": self.weight_syncs, "time_weight_sync_s": self.time_weight_sync_s,
-                "time_generation_s": self.time_generation_s, "sampler_version": self.sampler_version, "in_flight": self._in_flight_state(),
-                "settings": buffer_settings(self.cfg)}
+        """The rollout state for exact resume. Under DDP/FSDP every rank holds its own buffer (disjoint prompts):
+        they are gathered into ``ranks`` (one entry per rank, tensors on the CPU; see
+        :func:`~grpolab.rollout.resume.gather_rank_states`), a collective: call it on every rank, as Lightning's
+        ``Trainer.save_checkpoint`` does. The top level holds this rank's own entry (rank 0's in the file)."""
+        local = {"buffer": [mb.to_dict() for mb in self.buffer], "in_flight": self._in_flight_state(),
+                 "counters": dict(self.producer.counters) if self.producer else {}}
+        state = {"sampler": self.sampler.state_dict() if self.sampler else None, **local,
+                 "position": self.position, "rounds": self.rounds, "time_rollout_s": self.time_rollout_s,
+                 "weight_syncs": self.weight_syncs, "time_weight_sync_s": self.time_weight_sync_s,
+                 "time_generation_s": self.time_generation_s, "sampler_version": self.sampler_version,
+                 "settings": buffer_settings(self.cfg)}
+        rank, world = self._rank_world()
+        if world > 1:
+            state["ranks"] = gather_rank_states(local, rank, world)
+        return state
 
     def _in_flight_state(self) -> dict[str, Any] | None:
         """The buffer being generated: what regenerates it on resume (prompts, round = RNG seed, weights)."""
@@ -362,6 +372,9 @@ class RolloutDataModule(L.LightningDataModule):
         if state.get("sampler"):
             self.sampler.load_state_dict(state["sampler"])
         changed = changed_buffer_settings(state.get("settings"), self.cfg)
+        rank, world = self._rank_world()
+        if saved_world_size(state) != world and has_pending_rows(state):  # each rank held its own buffer
+            changed = [*changed, f"rank buffers in the checkpoint: {saved_world_size(state)}, processes now: {world}"]
         if changed and not self.resume_drop_buffer:
             raise ValueError(
                 "resuming with settings that shape the saved rollout buffer changed: " + ", ".join(changed)
@@ -371,6 +384,8 @@ class RolloutDataModule(L.LightningDataModule):
         if changed:
             log.warning("resume_drop_buffer=true: dropping the saved rollout buffer (%s); the next step samples "
                         "a new one", ", ".join(changed))
+        if not changed and saved_world_size(state) == world:
+            state = {**state, **rank_state(state, rank)}  # this rank's own buffer (DDP: disjoint prompts)
         self.buffer = [] if changed else [Minibatch.from_dict(d) for d in state["buffer"]]
         self.position = 0 if changed else state["position"]
         self.rounds = state["rounds"]

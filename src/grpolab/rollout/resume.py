@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 # algo.<key> values stored with the buffer and compared on resume.
 BUFFER_SETTINGS = (
     "num_generations",
@@ -56,3 +58,62 @@ def changed_buffer_settings(saved: dict[str, Any] | None, cfg: Any) -> list[str]
         if differs:
             out.append(f"algo.{key}: {old!r} -> {new!r}")
     return out
+
+
+# Per-rank parts of the rollout state: under DDP/FSDP each rank samples its own prompts (disjoint groups).
+RANK_KEYS = ("buffer", "in_flight", "counters")
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def gather_rank_states(local: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
+    """Every rank's ``local`` (its :data:`RANK_KEYS`), on every rank, with tensors moved to the CPU.
+
+    A collective (``torch.distributed.all_gather_object``): every rank must call it. ``in_flight`` is
+    gathered without its ``sampler_weights`` (the same replicated weights on every rank; the checkpoint
+    keeps rank 0's copy at the top level). This rank's entry is ``local`` itself, so a checkpoint pickles
+    it once.
+    """
+    import torch.distributed as dist
+
+    def strip(entry: dict[str, Any]) -> dict[str, Any]:
+        flight = entry.get("in_flight")
+        return {**entry, "in_flight": None if flight is None else {k: v for k, v in flight.items()
+                                                                    if k != "sampler_weights"}}
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, _to_cpu(strip(local)))
+    gathered[rank] = strip(local)
+    return gathered
+
+
+def saved_world_size(state: dict[str, Any]) -> int:
+    """How many processes wrote a rollout state (1 for a checkpoint without per-rank entries)."""
+    return len(state["ranks"]) if state.get("ranks") else 1
+
+
+def has_pending_rows(state: dict[str, Any]) -> bool:
+    """Whether a saved rollout state still holds rows to train on (inside a buffer) or a buffer in flight."""
+    return state.get("position", 0) < len(state.get("buffer") or []) or state.get("in_flight") is not None
+
+
+def rank_state(state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The :data:`RANK_KEYS` of ``rank`` from a checkpoint written by :func:`gather_rank_states`' world size.
+
+    For a single-process checkpoint this is its own top level; an in-flight entry gets back the top level's
+    ``sampler_weights``. Call it only when the saved and current world sizes agree.
+    """
+    if not state.get("ranks"):
+        return {k: state.get(k) for k in RANK_KEYS}
+    entry = dict(state["ranks"][rank])
+    if entry.get("in_flight") is not None:
+        entry["in_flight"] = {**entry["in_flight"], "sampler_weights": state["in_flight"]["sampler_weights"]}
+    return entry
