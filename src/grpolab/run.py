@@ -29,7 +29,7 @@ from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.engine import HFGenerationEngine
 from grpolab.rollout.prompt_lengths import setup_prompt_limit
 from grpolab.rollout.settings import RolloutSettings, split_rollout_config
-from grpolab.validation import check_checkpoint, check_types
+from grpolab.validation import check_checkpoint, check_types, checkpoint_cadence_warning
 
 log = logging.getLogger("grpolab")
 
@@ -118,6 +118,8 @@ def build(cfg: DictConfig) -> dict[str, Any]:
                                    rollout=settings, resume_drop_buffer=bool(cfg.get("resume_drop_buffer", False)))
     datamodule.connect(module)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
+    if (cadence := checkpoint_cadence_warning(cfg)) is not None:
+        log.warning(cadence)
     if OmegaConf.select(cfg, "trainer.enable_progress_bar") is False:  # Lightning refuses a bar callback then
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     silence_expected_lightning_warnings()

@@ -172,3 +172,22 @@ def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
         raise ValueError(f"{key}={path}: not a PyTorch checkpoint ({size} bytes, neither a zip archive nor a "
                          "pickle); it may be truncated or another kind of file")
     return p
+
+
+def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:
+    """The message for ``callbacks.model_checkpoint.every_n_train_steps`` set together with a ``monitor``.
+
+    GRPOModule uses manual optimization; Lightning's ``ModelCheckpoint`` then defers a step's save, without a
+    word, until the monitored metric exists, i.e. until the next validation (every ``trainer.val_check_interval``
+    steps): a user asking for a checkpoint every N steps gets only ``last.ckpt`` in between. Returns None when the
+    settings do what they say.
+    """
+    every = OmegaConf.select(cfg, "callbacks.model_checkpoint.every_n_train_steps")
+    monitor = OmegaConf.select(cfg, "callbacks.model_checkpoint.monitor")
+    if not every or monitor is None:
+        return None
+    return (f"callbacks.model_checkpoint.every_n_train_steps={every} with monitor={monitor!r}: Lightning defers each "
+            f"save until {monitor} is logged (the next validation, every trainer.val_check_interval="
+            f"{OmegaConf.select(cfg, 'trainer.val_check_interval')} steps). For a checkpoint every {every} steps add "
+            "callbacks.model_checkpoint.monitor=null callbacks.model_checkpoint.save_top_k=-1 "
+            "callbacks.model_checkpoint.filename='step{step}'")

@@ -141,3 +141,20 @@ def test_val_accuracy_start_is_the_step0_measurement_or_null(tmp_path, at_start)
     else:  # not the step-1 value under the name of a start
         assert summary["val_accuracy_start"] is None and summary["val_greedy_accuracy_start"] is None
     assert summary["val_accuracy_end"] == summary["val_history"][-1]["accuracy"]
+
+
+def test_checkpoint_every_n_steps_with_a_monitor_warns_and_the_documented_keys_save_every_step(tmp_path, caplog):
+    # Lightning (manual optimization) defers a monitored save to the next validation without a word
+    every = ["callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.model_checkpoint.save_top_k=-1",
+             "trainer.max_steps=2", "val.at_start=false", "save_policy=false"]
+    with caplog.at_level("WARNING", logger="grpolab"):
+        _run(tmp_path / "monitored", *every)
+    assert "add callbacks.model_checkpoint.monitor=null" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "monitored" / "checkpoints").iterdir()) == ["last.ckpt"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpolab"):
+        _run(tmp_path / "every", *every, "callbacks.model_checkpoint.monitor=null",
+             "callbacks.model_checkpoint.filename='step{step}'")
+    assert "monitor=null" not in caplog.text
+    assert sorted(p.name for p in (tmp_path / "every" / "checkpoints").iterdir()) == ["last.ckpt", "step1.ckpt",
+                                                                                      "step2.ckpt"]
