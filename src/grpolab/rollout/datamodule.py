@@ -373,8 +373,9 @@ class RolloutDataModule(L.LightningDataModule):
             self.sampler.load_state_dict(state["sampler"])
         changed = changed_buffer_settings(state.get("settings"), self.cfg)
         rank, world = self._rank_world()
-        if saved_world_size(state) != world and has_pending_rows(state):  # each rank held its own buffer
-            changed = [*changed, f"rank buffers in the checkpoint: {saved_world_size(state)}, processes now: {world}"]
+        saved_world = saved_world_size(state)
+        if saved_world != world and has_pending_rows(state):  # each rank held its own buffer
+            changed = [*changed, f"rank buffers in the checkpoint: {saved_world}, processes now: {world}"]
         if changed and not self.resume_drop_buffer:
             raise ValueError(
                 "resuming with settings that shape the saved rollout buffer changed: " + ", ".join(changed)
@@ -384,7 +385,7 @@ class RolloutDataModule(L.LightningDataModule):
         if changed:
             log.warning("resume_drop_buffer=true: dropping the saved rollout buffer (%s); the next step samples "
                         "a new one", ", ".join(changed))
-        if not changed and saved_world_size(state) == world:
+        if not changed and world > 1 and saved_world == world:
             state = {**state, **rank_state(state, rank)}  # this rank's own buffer (DDP: disjoint prompts)
         self.buffer = [] if changed else [Minibatch.from_dict(d) for d in state["buffer"]]
         self.position = 0 if changed else state["position"]

@@ -60,10 +60,6 @@ def changed_buffer_settings(saved: dict[str, Any] | None, cfg: Any) -> list[str]
     return out
 
 
-# Per-rank parts of the rollout state: under DDP/FSDP each rank samples its own prompts (disjoint groups).
-RANK_KEYS = ("buffer", "in_flight", "counters")
-
-
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
@@ -75,7 +71,8 @@ def _to_cpu(value: Any) -> Any:
 
 
 def gather_rank_states(local: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
-    """Every rank's ``local`` (its :data:`RANK_KEYS`), on every rank, with tensors moved to the CPU.
+    """Every rank's ``local`` (its own ``buffer``, ``in_flight`` and ``counters``: under DDP/FSDP each rank samples
+    its own prompts), on every rank, with tensors moved to the CPU.
 
     A collective (``torch.distributed.all_gather_object``): every rank must call it. ``in_flight`` is
     gathered without its ``sampler_weights`` (the same replicated weights on every rank; the checkpoint
@@ -106,13 +103,10 @@ def has_pending_rows(state: dict[str, Any]) -> bool:
 
 
 def rank_state(state: dict[str, Any], rank: int) -> dict[str, Any]:
-    """The :data:`RANK_KEYS` of ``rank`` from a checkpoint written by :func:`gather_rank_states`' world size.
-
-    For a single-process checkpoint this is its own top level; an in-flight entry gets back the top level's
-    ``sampler_weights``. Call it only when the saved and current world sizes agree.
+    """``rank``'s entry of a multi-process checkpoint (``state["ranks"]``, from :func:`gather_rank_states`); its
+    in-flight spec gets back the top level's ``sampler_weights``. Call it only when the saved and current world
+    sizes agree.
     """
-    if not state.get("ranks"):
-        return {k: state.get(k) for k in RANK_KEYS}
     entry = dict(state["ranks"][rank])
     if entry.get("in_flight") is not None:
         entry["in_flight"] = {**entry["in_flight"], "sampler_weights": state["in_flight"]["sampler_weights"]}
