@@ -178,7 +178,7 @@ def check_devices(accelerator: str | None, devices: object, num_nodes: int = 1) 
                              f"(os.cpu_count()); lower trainer.devices")
 
 
-def check_trainer(trainer: Any, export_lora: bool = False, rollout_target: str = "") -> None:
+def check_trainer(trainer: Any, export_lora: bool = False, engine: Any = None) -> None:
     """Check the ``trainer`` config against this machine before any model is built.
 
     Covers ``trainer.devices`` (:func:`check_devices`), ``trainer=fsdp`` (torch.distributed with gloo on
@@ -188,8 +188,8 @@ def check_trainer(trainer: Any, export_lora: bool = False, rollout_target: str =
         trainer: the ``trainer`` config node (mapping with ``accelerator``, ``devices``, ``num_nodes``,
             ``strategy``).
         export_lora: a LoRA policy will be exported (``model.lora.r`` and ``save_policy``).
-        rollout_target: ``rollout._target_`` (an engine holding its own copy of the policy cannot copy an
-            FSDP-sharded one).
+        engine: the rollout engine class (:class:`~grpolab.rollout.engine.GenerationEngine`); FSDP needs one whose
+            ``supports_sharded_policy`` is true.
 
     Raises:
         ValueError: naming the key and saying what to use instead.
@@ -207,9 +207,9 @@ def check_trainer(trainer: Any, export_lora: bool = False, rollout_target: str =
             raise ValueError(f"trainer=fsdp cannot run here: this torch build has no torch.distributed "
                              f"{'nccl' if on_gpu else 'gloo'} backend; use trainer=ddp or a single process "
                              f"(trainer=cpu / trainer=gpu)")
-        if "CopyEngine" in rollout_target:
-            raise ValueError("trainer=fsdp cannot be used with rollout=hf_copy (a sampler copy of a sharded policy); "
-                             "use rollout=hf, or trainer=ddp with rollout=hf_copy")
+        if engine is not None and not engine.supports_sharded_policy:
+            raise ValueError(f"trainer=fsdp cannot be used with {engine.__name__} (it cannot take its weights from a "
+                             f"sharded policy); use rollout=hf, or trainer=ddp with this rollout")
         if export_lora:
             raise ValueError("trainer=fsdp with model.lora.r cannot export the merged policy yet; use trainer=ddp "
                              "with LoRA (the adapters are small), or save_policy=false")

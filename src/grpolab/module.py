@@ -26,10 +26,10 @@ from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncate
 from grpolab.config import GRPOConfig
 from grpolab.distributed import shard_models, step_denominator
 from grpolab.errors import NonFiniteLossError
+from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
-from grpolab.rollout.reference import refresh_reference
 from grpolab.step_logging import log_step_metrics
 from grpolab.theorem1 import lower_bound_metrics
 
@@ -50,15 +50,17 @@ class GRPOModule(L.LightningModule):
         lr_scheduler: partial ``(optimizer, ...) -> LRScheduler`` or None; ``num_training_steps`` is filled
             in from ``trainer.max_steps`` when the schedule takes it.
         task: passed to ``model.load_policy`` (the tiny model warm-starts on it).
-        val_num_generations: samples per held-out prompt for ``val/accuracy`` (mean@n).
+        tokenizer: the policy's tokenizer; None = ``model.load_tokenizer()`` on first use.
+
+    Attributes:
+        models: a :class:`~grpolab.handle.PolicyHandle` on the policy and the reference, filled in by
+            :meth:`configure_model`: the narrow view the data module samples from.
     """
 
     def __init__(self, model: Any, cfg: GRPOConfig, optimizer: Callable[..., torch.optim.Optimizer],
                  lr_scheduler: Callable[..., Any] | None = None, task: Any | None = None,
-                 val_num_generations: int = 4) -> None:
+                 tokenizer: Any | None = None) -> None:
         super().__init__()
-        if val_num_generations < 1:
-            raise ValueError(f"val.num_generations must be >= 1, got {val_num_generations}")
         self.automatic_optimization = False
         self.model_spec = model
         self.cfg = cfg
@@ -66,11 +68,10 @@ class GRPOModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.task = task
-        self.val_num_generations = val_num_generations
         self.policy: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
-        self._tokenizer = None
-        self.producer: Any = None  # set by RolloutDataModule.connect
+        self.models = PolicyHandle()
+        self._tokenizer = tokenizer
         self._anchors: dict[tuple[int, int], torch.Tensor] = {}
         self.val_history: list[dict[str, float]] = []
         self.time_train_s = 0.0
@@ -96,6 +97,7 @@ class GRPOModule(L.LightningModule):
             self.reference = make_reference(self.policy)
         if self._device_mesh is not None:  # trainer=fsdp (Lightning ModelParallelStrategy): FSDP2 shards
             shard_models(self.policy, self.reference, self._device_mesh)
+        self.models.policy, self.models.reference = self.policy, self.reference
 
     def configure_optimizers(self) -> Any:
         opt = self.optimizer_factory(params=[p for p in self.policy.parameters() if p.requires_grad])
@@ -163,9 +165,6 @@ class GRPOModule(L.LightningModule):
         sched = self.lr_schedulers()
         if sched is not None:
             sched.step()
-        if c.ref_refresh_every and self.reference is not None and self.global_step % c.ref_refresh_every == 0:
-            dm = self.trainer.datamodule  # the buffer's stored ref log-probs follow the new reference
-            refresh_reference(self.reference, self.policy, getattr(dm, "buffer", []), getattr(dm, "position", 0), c)
         self.time_train_s += time.perf_counter() - t0
         self._log_step(mb, total, stats, torch.cat(current), torch.cat(entropies), grad_norm, t0, bound, step)
         return torch.tensor(total)
@@ -219,8 +218,7 @@ class GRPOModule(L.LightningModule):
     def _log_step(self, mb: Minibatch, loss: float, stats: list[dict], logp: torch.Tensor, entropy: torch.Tensor,
                   grad_norm: float, t0: float, bound: dict[str, float], step: int = 0) -> None:
         c = self.cfg
-        lag = step - mb.policy_version  # optimizer steps since the weights that sampled mb (exact, also async)
-        self._lag_max = max(self._lag_max, lag)
+        self._lag_max = max(self._lag_max, mb.lag)
         mask = mb.loss_mask.to(logp.device).bool()
         valid = ~torch.isnan(mb.rewards)
         rewards = mb.rewards[valid]
@@ -242,7 +240,7 @@ class GRPOModule(L.LightningModule):
             "num_tokens": float(self.num_tokens),
             "grad_norm": grad_norm,
             "learning_rate": float(self.optimizers().param_groups[0]["lr"]),
-            "lag": float(lag),
+            "lag": float(mb.lag),  # optimizer steps since the weights that sampled mb (exact, also async)
             "lag/max": float(self._lag_max),  # the largest lag so far in the run
             "iteration": float(mb.iteration),
             "sampler_refreshes": float(mb.round + 1),
@@ -276,9 +274,7 @@ class GRPOModule(L.LightningModule):
         now = time.perf_counter()
         m["step_time"] = now - t0
         m["time/train"] = self.time_train_s
-        dm = self.trainer.datamodule
-        m["time/rollout"] = getattr(dm, "time_rollout_s", 0.0)
-        m["time/weight_sync"] = dm.pop_weight_sync_time() if hasattr(dm, "pop_weight_sync_time") else 0.0
+        m.update(mb.metrics)  # the data module's own timings (time/rollout, time/weight_sync)
         m["time/elapsed"] = now - (self._fit_start or now)
         m["tokens_per_second"] = self.num_tokens / max(m["time/elapsed"], 1e-9)
         log_step_metrics(self.trainer, {f"train/{k}": v for k, v in m.items()})  # not log_dict: ~10 ms a step
@@ -290,12 +286,11 @@ class GRPOModule(L.LightningModule):
         self._rng_state = torch.get_rng_state()
         torch.manual_seed(12345 + self.global_step)  # same held-out samples for the same step, any run
 
-    def validation_step(self, rows: list[dict], batch_idx: int) -> None:
-        if self.producer is None:
-            raise RuntimeError("GRPOModule: no rollout producer; call datamodule.connect(module) first")
+    def validation_step(self, samples: dict[str, dict[str, Any]], batch_idx: int) -> None:
+        """Accumulate held-out accuracy from the data module's ``sampled`` and ``greedy`` samples (each with
+        ``rewards`` [N] float, NaN = unscorable, and its ``generation``)."""
         sums = self._val_sums
-        for greedy, n in ((False, self.val_num_generations), (True, 1)):
-            s = self.producer.sample(self.policy, rows, n, greedy=greedy)
+        for greedy, s in ((False, samples["sampled"]), (True, samples["greedy"])):
             r = s["rewards"]
             ok = ~torch.isnan(r)
             sums["unscorable"] += int((~ok).sum())

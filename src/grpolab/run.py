@@ -14,7 +14,7 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,11 +24,9 @@ from grpolab.distributed import check_trainer
 from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.module import GRPOModule
-from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 from grpolab.rollout.datamodule import RolloutDataModule
-from grpolab.rollout.engine import HFGenerationEngine
-from grpolab.rollout.prompt_lengths import setup_prompt_limit
-from grpolab.rollout.settings import RolloutSettings, split_rollout_config
+from grpolab.rollout.prompt_lengths import with_prompt_limit
+from grpolab.rollout.settings import resolve_rollout
 from grpolab.validation import check_checkpoint, check_types, checkpoint_cadence_warning
 
 log = logging.getLogger("grpolab")
@@ -61,35 +59,12 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
     return wrapped
 
 
-def rollout_settings(cfg: DictConfig, algo: GRPOConfig) -> tuple[dict[str, Any], RolloutSettings]:
-    """Split ``cfg.rollout`` into the engine's constructor arguments and the validated schedule settings
-    (conf/rollout/base.yaml); raises ``ValueError`` naming ``rollout.<key>`` before any model is built.
-    ``rollout.async_generation=true`` with the in-place HF engine switches to its copy-owning variant."""
-    engine_args, settings = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
-    engine_cls = get_class(engine_args["_target_"])
-    if settings.async_generation and engine_cls is HFGenerationEngine:  # async implies a sampler with own weights
-        log.info("rollout.async_generation=true: sampling from a copy of the policy (rollout=hf_copy)")
-        engine_args["_target_"] = f"{HFSamplerCopyEngine.__module__}.{HFSamplerCopyEngine.__qualname__}"
-        engine_cls = HFSamplerCopyEngine
-    if algo.vllm_importance_sampling_correction and not getattr(engine_cls, "reports_sampler_logp", False):
-        raise ValueError("algo.vllm_importance_sampling_correction=true needs an engine that reports its own "
-                         "log-probs (rollout=vllm); this rollout samples with the trainer's own forward")
-    if (settings.async_generation and getattr(engine_cls, "reports_sampler_logp", False)
-            and (engine_args.get("recompute_sampler_logp") or algo.vllm_importance_sampling_correction)):
-        raise ValueError("rollout.async_generation=true with rollout=vllm takes log alpha from the engine: "
-                         "rollout.recompute_sampler_logp and algo.vllm_importance_sampling_correction need a trainer "
-                         "forward on the sampler's weights, which a background buffer does not have")
-    if settings.async_generation and getattr(engine_cls, "reports_sampler_logp", False):
-        engine_args["keep_sampler_weights"] = True  # a checkpoint with a buffer in flight stores the sampler's weights
-    settings = settings.validate(algo, bool(getattr(engine_cls, "owns_weights", False)), engine_cls)
-    check_installed = getattr(engine_cls, "check_installed", None)
-    if check_installed is not None:  # e.g. rollout=vllm without vLLM: the install command, before any model
-        check_installed()
-    return engine_args, settings
-
-
 def build(cfg: DictConfig) -> dict[str, Any]:
-    """Validate the settings, then instantiate task, verifier, model spec, module, data module, trainer."""
+    """Validate every setting, then instantiate task, verifier, model spec, module, engine, data module, trainer.
+
+    Settings are validated once, here, before any model is built, and never changed afterwards; the parts get
+    built objects or narrow values (the tokenizer, a policy handle), never the config.
+    """
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
     check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc), before any model
     drop = cfg.get("resume_drop_buffer", False)
@@ -97,26 +72,26 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"resume_drop_buffer must be true or false, got {drop!r}")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
-    engine_args, settings = rollout_settings(cfg, algo)
+    engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
-    check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy),
-                  rollout_target=str(cfg.rollout.get("_target_", "")))
+    check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_final_eval(cfg.get("final_eval"))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
-    reward_model = _build(cfg, "verifier")
+    verifier = _build(cfg, "verifier")
     model_spec = _build(cfg, "model")
+    tokenizer = model_spec.load_tokenizer()
+    algo = with_prompt_limit(algo, model_spec, task, tokenizer)  # every row of every split, before the first step
     module = GRPOModule(model=model_spec, cfg=algo, optimizer=instantiate(cfg.algo.optimizer),
                         lr_scheduler=instantiate(cfg.algo.lr_scheduler) if cfg.algo.get("lr_scheduler") else None,
-                        task=task, val_num_generations=cfg.val.num_generations)
-    tokenizer = module.tokenizer
-    setup_prompt_limit(algo, model_spec, task, tokenizer)  # every row of every split, before the first step
+                        task=task, tokenizer=tokenizer)
     log.info("instantiating rollout <%s> (%s)", engine_args["_target_"], settings)
     engine = instantiate(engine_args, stop_token_ids=model_spec.stop_token_ids(tokenizer),
                          pad_token_id=tokenizer.pad_token_id)
-    datamodule = RolloutDataModule(task, reward_model, engine, algo, seed=cfg.seed, val_batch_size=cfg.val.batch_size,
-                                   rollout=settings, resume_drop_buffer=bool(cfg.get("resume_drop_buffer", False)))
-    datamodule.connect(module)
+    datamodule = RolloutDataModule(task, verifier, engine, algo, settings, seed=cfg.seed,
+                                   val_batch_size=cfg.val.batch_size, val_num_generations=cfg.val.num_generations,
+                                   resume_drop_buffer=drop)
+    datamodule.connect(tokenizer, module.models)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
     if (cadence := checkpoint_cadence_warning(cfg)) is not None:
         log.warning(cadence)
@@ -134,12 +109,15 @@ def run_training(cfg: DictConfig) -> dict:
     out = Path(cfg.paths.output_dir)
     parts = build(cfg)
     trainer, module, dm, algo = parts["trainer"], parts["module"], parts["datamodule"], parts["algo"]
-    if cfg.val.at_start and not cfg.ckpt_path:
-        trainer.validate(module, datamodule=dm, verbose=False)
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
-    if not module.val_history or module.val_history[-1]["step"] != module.global_step:
-        trainer.validate(module, datamodule=dm, verbose=False)
-    final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
+    try:
+        if cfg.val.at_start and not cfg.ckpt_path:
+            trainer.validate(module, datamodule=dm, verbose=False)
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+        if not module.val_history or module.val_history[-1]["step"] != module.global_step:
+            trainer.validate(module, datamodule=dm, verbose=False)
+        final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
+    finally:
+        dm.engine.close()
     summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
     summary.update(final)
@@ -161,8 +139,8 @@ def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, t
     if not fe or not fe.get("enabled"):
         return {}
     t0 = time.perf_counter()
-    # module.producer samples the live policy (also when the training sampler owns a stale copy)
-    result = final_eval(module.policy, module.producer, task, split=fe.split, num_samples=fe.num_samples,
+    # the validation producer samples the live policy (also when the training sampler owns a stale copy)
+    result = final_eval(module.policy, dm.validation_producer, task, split=fe.split, num_samples=fe.num_samples,
                         max_prompts=fe.get("max_prompts"), batch_size=fe.batch_size, seed=fe.seed)
     result = {k: (None if isinstance(v, float) and v != v else v) for k, v in result.items()}  # NaN -> null
     result["final_eval_s"] = round(time.perf_counter() - t0, 2)
@@ -186,18 +164,9 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "val_best_accuracy": max((h["accuracy"] for h in hist), default=None),
         "val_history": hist,
         "steps": int(module.global_step),
-        "sampler_refreshes": int(dm.rounds),
-        "weight_syncs": int(dm.weight_syncs),
-        "time_weight_sync_s": round(dm.time_weight_sync_s, 4),
-        "async_generation": dm.settings.async_generation,
-        "time_generation_s": round(dm.time_generation_s, 2),
+        **dm.summary(),
         "time_total_s": round(total_s, 2),
-        "time_rollout_s": round(dm.time_rollout_s, 2),
         "time_train_s": round(module.time_train_s, 2),
-        "completions": dm.producer.counters.get("completions", 0),
-        "unscorable": dm.producer.counters.get("unscorable", 0),
-        "truncated": dm.producer.counters.get("truncated", 0),
-        "skipped_unscorable_rows": dict(dm.skipped_rows),
         "algo": algo.name,
         "steps_per_generation": algo.steps_per_generation,
         "num_iterations": algo.num_iterations,

@@ -4,8 +4,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpolab.models import PretrainedModel, build_char_tokenizer, make_reference
-from grpolab.rollout.engine import HFGenerationEngine, SamplingParams
+from grpolab.rollout.engine import SamplingParams
 from grpolab.rollout.forward import batched_log_probs, completion_log_probs
+from grpolab.rollout.hf_engine import HFGenerationEngine
 
 
 def _gpt2_folder(path):

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from grpolab.rollout.copy_engine import HFSamplerCopyEngine
-from grpolab.rollout.engine import HFGenerationEngine, SamplingParams
+from grpolab.rollout.engine import SamplingParams
+from grpolab.rollout.hf_engine import HFGenerationEngine
 from grpolab.rollout.settings import RolloutSettings, split_rollout_config
 
 

@@ -3,8 +3,9 @@
 import torch
 
 from grpolab.rollout.decode import sample_completions
-from grpolab.rollout.engine import HFGenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.engine import SamplingParams, left_pad
 from grpolab.rollout.forward import completion_log_probs
+from grpolab.rollout.hf_engine import HFGenerationEngine
 
 
 def _prompts(tok):

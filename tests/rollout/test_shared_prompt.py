@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from grpolab.algo.losses import LossConfig, grpo_loss, loss_denominator
-from grpolab.rollout.engine import HFGenerationEngine, SamplingParams
+from grpolab.rollout.engine import SamplingParams
 from grpolab.rollout.forward import batched_log_probs, completion_log_probs
+from grpolab.rollout.hf_engine import HFGenerationEngine
 from grpolab.rollout.shared_prompt import prompt_groups, supports_shared_prompt
 
 

@@ -333,8 +333,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     policy.eval()
     engine_args, _ = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
     engine = instantiate(engine_args, stop_token_ids=spec.stop_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    engine.sync_weights(policy)  # an engine that owns its weights samples from its copy
-    producer = RolloutProducer(build_sampling(cfg), task, tokenizer, engine, reward_model)
+    engine.sync_weights(policy, 0)  # an engine that owns its weights samples from its copy
+    producer = RolloutProducer(build_sampling(cfg), task, tokenizer, engine, reward_model, needs_sampler_logp=False)
     extract = answer_extractor(reward_model)
     torch.manual_seed(int(e.seed))  # after the model is built (building one may reseed the global RNG)
     records: list[dict] = []

@@ -1,8 +1,12 @@
-"""Rollout minibatches and the prompt sampler.
+"""Rollout minibatches, and the buffer that owns the schedule of one sampler refresh.
 
-A :class:`Minibatch` holds everything one optimizer step needs about its completions (design.md §1):
-group ids, prompt/completion ids and masks, truncation flags, rewards, advantages, the loss mask, and the
-sampler's and reference's per-token log-probs when they are needed.
+A :class:`Minibatch` holds everything one optimizer step needs about its completions: group ids,
+prompt/completion ids and masks, truncation flags, rewards, advantages, the loss mask, the sampler's and the
+reference's per-token log-probs when they are needed, and the policy version that sampled it.
+
+A :class:`RolloutBuffer` holds the ``k = steps_per_generation`` minibatches of one refresh and serves each of
+them ``i = num_iterations`` times in a row: minibatch ``j`` serves steps ``j*i .. (j+1)*i - 1`` of the buffer.
+It is the only place that knows this k x i schedule; everything else asks it.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ class Minibatch:
     bool, ``loss_mask`` [B, L] float, ``sampler_logp`` [B, L] (log alpha) or None, ``ref_logp`` [B, L] or
     None. ``round`` is the sampler refresh this came from; ``index`` its position in the buffer (its lag in
     optimizer steps, divided by num_iterations); ``iteration`` which of its ``num_iterations`` uses this is.
+    ``policy_version`` is the optimizer step whose weights sampled it; ``lag`` is set when the buffer serves it:
+    the optimizer steps between those weights and the step that trains on it (:func:`lag`).
     ``info`` holds plain-Python columns for logging (uids, prompt and completion text, per-function
-    rewards). ``engine_logp`` [B, L] holds the engine's own log-probs of the sampled tokens (vLLM; None for
+    rewards); ``metrics`` the data module's own numbers for the step that trains on it (rollout timings). ``engine_logp`` [B, L] holds the engine's own log-probs of the sampled tokens (vLLM; None for
     engines that report none), kept to measure the train-inference mismatch; ``sampler_logp_from_engine``
     says that ``sampler_logp`` IS ``engine_logp`` (no trainer forward was spent on it).
     """
@@ -48,6 +54,8 @@ class Minibatch:
     info: dict[str, Any] = field(default_factory=dict)
     engine_logp: torch.Tensor | None = None
     sampler_logp_from_engine: bool = False
+    lag: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -71,41 +79,102 @@ class Minibatch:
         return {k: (None if getattr(self, k) is None else getattr(self, k)[start:stop]) for k in names}
 
 
-class PromptSampler:
-    """Endless, seeded sampling of training prompts without replacement within an epoch.
+def lag(step: int, policy_version: int) -> int:
+    """Optimizer steps between the weights that sampled a minibatch (``policy_version``) and the step that trains
+    on it (``step``, steps taken before it). 0 is on-policy; the paper's off-policy minibatch j has lag j."""
+    return step - policy_version
 
-    Its state (epoch and position) goes into the checkpoint so a resumed run draws the same prompts.
+
+class RolloutBuffer:
+    """The minibatches of the current sampler refresh and the position in its k x i schedule.
+
+    Args:
+        steps_per_generation: k, minibatches per refresh.
+        num_iterations: i, consecutive optimizer steps per minibatch.
+        max_lag: the largest :func:`lag` a served minibatch may have; None = no bound.
+
+    Attributes:
+        minibatches: the k minibatches of the current refresh (empty before the first).
+        position: steps served from them so far (0 .. k*i).
+        rounds: refreshes so far (the next refresh's round index).
     """
 
-    def __init__(self, num_rows: int, seed: int) -> None:
-        if num_rows < 1:
-            raise ValueError("data: the training split has no rows")
-        self.num_rows = num_rows
-        self.seed = seed
-        self.epoch = 0
+    def __init__(self, steps_per_generation: int, num_iterations: int, max_lag: int | None = None) -> None:
+        self.steps_per_generation = steps_per_generation
+        self.num_iterations = num_iterations
+        self.max_lag = max_lag
+        self.minibatches: list[Minibatch] = []
         self.position = 0
-        self._order = self._permutation()
+        self.rounds = 0
 
-    def _permutation(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(self.num_rows, generator=g).tolist()
+    @property
+    def steps_per_buffer(self) -> int:
+        """k x i: optimizer steps one refresh serves."""
+        return self.steps_per_generation * self.num_iterations
 
-    def take(self, n: int) -> list[int]:
-        """The next ``n`` row indices (crossing epoch boundaries as needed)."""
-        out = []
-        while len(out) < n:
-            if self.position >= self.num_rows:
-                self.epoch += 1
-                self.position = 0
-                self._order = self._permutation()
-            take = min(n - len(out), self.num_rows - self.position)
-            out.extend(self._order[self.position:self.position + take])
-            self.position += take
-        return out
+    def needs_refresh(self) -> bool:
+        """True before the first refresh and once every step of the current one was served."""
+        return not self.minibatches or self.position >= self.steps_per_buffer
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+    def has_pending(self) -> bool:
+        """True while steps of the current refresh remain to be served."""
+        return bool(self.minibatches) and self.position < self.steps_per_buffer
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._permutation()
+    def fill(self, minibatches: list[Minibatch]) -> None:
+        """Start serving a new refresh.
+
+        Raises:
+            ValueError: unless there are exactly k minibatches.
+        """
+        if len(minibatches) != self.steps_per_generation:
+            raise ValueError(f"a refresh must hold algo.steps_per_generation={self.steps_per_generation} minibatches, "
+                             f"got {len(minibatches)}")
+        self.minibatches = list(minibatches)
+        self.position = 0
+        self.rounds += 1
+
+    def next(self, step: int) -> Minibatch:
+        """The minibatch for optimizer step ``step`` (steps taken so far), with ``iteration`` and ``lag`` set.
+
+        Raises:
+            RuntimeError: if nothing is left to serve (call :meth:`fill` first), or the minibatch's lag exceeds
+                ``max_lag`` (it is refused, never trained on).
+        """
+        if not self.has_pending():
+            raise RuntimeError("RolloutBuffer.next: no step left in this refresh; fill() it first")
+        mb = self.minibatches[self.position // self.num_iterations]
+        mb.iteration = self.position % self.num_iterations
+        mb.lag = lag(step, mb.policy_version)
+        if self.max_lag is not None and mb.lag > self.max_lag:
+            raise RuntimeError(f"step {step}: minibatch sampled at policy version {mb.policy_version} has lag "
+                               f"{mb.lag} > rollout.max_lag={self.max_lag}")
+        self.position += 1
+        return mb
+
+    def remaining(self) -> list[Minibatch]:
+        """The minibatches that later steps still use (the current one too while it has iterations left).
+
+        Example:
+            >>> b = RolloutBuffer(3, 1); b.minibatches, b.position = ["a", "b", "c"], 1; b.remaining()
+            ['b', 'c']
+            >>> b = RolloutBuffer(2, 2); b.minibatches, b.position = ["a", "b"], 1; b.remaining()
+            ['a', 'b']
+        """
+        return list(self.minibatches[self.position // self.num_iterations:]) if self.has_pending() else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """``buffer`` (minibatches as dicts), ``position``, ``rounds``."""
+        return {"buffer": [mb.to_dict() for mb in self.minibatches], "position": self.position, "rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any], keep_minibatches: bool = True) -> None:
+        """Restore :meth:`state_dict`; ``keep_minibatches=False`` keeps only the round count (the saved rows were
+        dropped: the next step samples a new refresh)."""
+        self.minibatches = [Minibatch.from_dict(d) for d in state["buffer"]] if keep_minibatches else []
+        self.position = state["position"] if keep_minibatches else 0
+        self.rounds = state["rounds"]
+
+    @staticmethod
+    def saved_has_pending(state: dict[str, Any], num_iterations: int) -> bool:
+        """Whether a saved state (:meth:`state_dict`) still has steps to serve. ``position`` counts steps, up to
+        ``len(buffer) * num_iterations``, not minibatches."""
+        return bool(state.get("buffer")) and state.get("position", 0) < len(state["buffer"]) * num_iterations

@@ -1,9 +1,9 @@
 """A Hugging Face sampler that owns its weights: a copy of the policy refreshed only by ``sync_weights``.
 
 This is the CPU/GPU stand-in for a separate inference engine (vLLM, a sampler server): the sampler alpha is
-a distinct module that changes only at a sampler refresh, every ``steps_per_generation`` optimizer steps
-(paper.md §2.1: the sampler receives the policy's weights every v steps). It is what lets generation run in
-a background thread while the trainer updates the live policy (``rollout.async_generation``).
+a distinct module that changes only at a sampler refresh, every ``steps_per_generation`` optimizer steps, as
+in the paper's off-policy setting where the sampler receives the policy's weights every v steps. It is what lets
+generation run in a background thread while the trainer updates the live policy (``rollout.async_generation``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.engine import Generation, HFGenerationEngine, SamplingParams
+from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams
+from grpolab.rollout.hf_engine import HFGenerationEngine
 
 
 class HFSamplerCopyEngine(HFGenerationEngine):
@@ -35,7 +36,7 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     """
 
     owns_weights = True
-    sampler_model: torch.nn.Module | None = None  # the copy; None until the first sync_weights
+    supports_sharded_policy = False  # a deep copy of an FSDP-sharded policy would hold shards, not a model
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
                  drop_finished_rows: bool = True, recompute_sampler_logp: bool = False):
@@ -43,8 +44,9 @@ class HFSamplerCopyEngine(HFGenerationEngine):
                          recompute_sampler_logp)
         self.sampler_model: torch.nn.Module | None = None
 
-    def sync_weights(self, model: Any) -> None:
-        """Copy the policy's current weights into the sampler (deep copy the first time)."""
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Copy the policy's current weights (from optimizer step ``version``) into the sampler (deep copy the
+        first time)."""
         if self.sampler_model is None:
             self.sampler_model = copy.deepcopy(model)
             self.sampler_model.eval().requires_grad_(False)
@@ -56,7 +58,11 @@ class HFSamplerCopyEngine(HFGenerationEngine):
         """Sample from the sampler's copy (``model`` is ignored); see :meth:`HFGenerationEngine.generate`."""
         return super().generate(self._sampler(), prompts, params)
 
-    def validation_engine(self) -> HFGenerationEngine:
+    def sampler_module(self) -> torch.nn.Module | None:
+        """The sampler's copy (None before the first :meth:`sync_weights`)."""
+        return self.sampler_model
+
+    def validation_engine(self) -> GenerationEngine:
         """An in-place engine with the same settings: held-out accuracy is measured on the live policy."""
         return HFGenerationEngine(self.stop_token_ids, self.pad_token_id, self.generation_batch_size,
                                   self.drop_finished_rows)

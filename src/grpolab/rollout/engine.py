@@ -1,37 +1,32 @@
-"""Generation engines: turn prompt token ids into sampled completions.
+"""The generation engine interface: what the rest of grpolab may ask of a sampler.
 
-:class:`GenerationEngine` is the interface the data module and the evaluator use; :class:`HFGenerationEngine`
-implements it with Hugging Face ``generate`` (KV cache, left padding, every stop id) on the live policy.
-Engines that own a copy of the weights (:class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine`,
-:class:`~grpolab.rollout.vllm_engine.VLLMGenerationEngine`)
-receive the policy's weights once every ``steps_per_generation`` steps, which is where the off-policy
-schedule saves its time.
+An engine turns prompt token ids into sampled completions. :class:`GenerationEngine` declares every capability
+the data module, the refresh strategies, the settings checks and the evaluator use, each with a default, so
+adding an engine is one file (a subclass) plus one yaml in ``conf/rollout/`` whose ``_target_`` names it.
+Nothing outside an engine inspects its class or probes it for attributes.
+
+The engines that ship: :class:`~grpolab.rollout.hf_engine.HFGenerationEngine` (in place, on the live policy),
+:class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine` (a private copy of the policy) and
+:class:`~grpolab.rollout.vllm_engine.VLLMGenerationEngine` (an in-process vLLM engine).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-from grpolab.algo.masks import completion_mask
-from grpolab.rollout.decode import sample_completions, supports_decode_loop
 
 
 @dataclass
 class SamplingParams:
-    """How to sample. ``top_k=0`` and ``top_p=1.0`` disable truncation (pitfalls.md #13).
+    """How to sample. ``top_k=0`` and ``top_p=1.0`` disable truncation, which training requires: the trainer's
+    log-probs apply the temperature only, so a truncated sampler would make the lag-0 ratio differ from 1.
 
-    ``return_log_probs`` asks a Hugging Face engine for the log-probs of the sampled tokens under the
-    distribution it actually sampled from (``Generation.sampler_logp``): the producer asks for them when a
-    minibatch needs log alpha and the engine does not recompute it (``recompute_sampler_logp=false``).
-    vLLM reports them always.
+    ``return_log_probs`` asks an engine that does not report log-probs by itself for the log-probs of the
+    sampled tokens under the distribution it sampled from (``Generation.sampler_logp``): the producer asks for
+    them when a minibatch needs log alpha and the engine does not recompute it.
     """
 
     temperature: float = 1.0
@@ -53,13 +48,14 @@ class Generation:
         prompt_ids: [B, P] long, left-padded prompts.
         prompt_mask: [B, P] long, 1 on real prompt tokens.
         completion_ids: [B, L] long, as sampled; positions after the first stop token hold padding.
-        completion_mask: [B, L] bool, 1 up to and including the first stop token (pitfalls.md #5-#7).
+        completion_mask: [B, L] bool, 1 up to and including the first stop token (the pad id may itself be a
+            stop id, so the mask is computed on the unpadded tokens).
         truncated: [B] bool, True when no stop token was sampled within ``max_new_tokens``.
         sampler_logp: [B, L] float32 or None, the log-probs the engine reports for each sampled completion
             token under the distribution it sampled from (the tempered softmax: vLLM's ``processed_logprobs``,
             the decode loop's ``log_softmax(logits / T)``; untempered for a greedy Hugging Face call), 0
             outside ``completion_mask``; the producer stores them as log alpha unless the engine recomputes it.
-            vLLM: always when sampling, None when greedy. Hugging Face engines: only with
+            Engines with ``reports_sampler_logp``: always when sampling, None when greedy. Others: only with
             ``SamplingParams.return_log_probs``.
     """
 
@@ -71,23 +67,116 @@ class Generation:
     sampler_logp: torch.Tensor | None = None
 
 
-class GenerationEngine(Protocol):
-    """What the data module and the evaluator need from a sampler.
+class GenerationEngine(ABC):
+    """A sampler: ``generate`` completions, and receive the policy's weights at every sampler refresh.
 
-    ``sync_weights`` is called once per sampler refresh (every ``steps_per_generation`` optimizer steps):
-    an engine holding its own copy of the weights (``owns_weights = True``: a copy of the policy, vLLM) loads
-    the policy's weights there, which is where the off-policy schedule saves its time, and ``generate`` then
-    samples from that copy, ignoring the live ``model`` it is passed. An in-place engine
-    (``owns_weights = False``) samples from ``model``. Either samples with the settings of ``params`` alone:
-    nothing from the model's own generation config may change the distribution, because the trainer stores
-    the log-probs of exactly that tempered, untruncated distribution (issue 9 item 1).
+    ``sync_weights`` is called once per sampler refresh (every ``steps_per_generation`` optimizer steps): an
+    engine that holds its own copy of the weights (``owns_weights``) loads the policy's weights there, and
+    ``generate`` then samples from that copy, ignoring the live ``model`` it is passed. An in-place engine samples
+    from ``model``. Either samples with the settings of ``params`` alone: nothing from the model's own generation
+    config may change the distribution, because the trainer stores the log-probs of exactly that tempered,
+    untruncated distribution.
+
+    Capabilities (class attributes, read before any engine is built):
+        owns_weights: samples from its own copy of the weights, refreshed only by :meth:`sync_weights`. Needed by
+            ``rollout.async_generation`` (the policy trains while the sampler samples). Such an engine must
+            implement :meth:`sampler_state_dict` and :meth:`load_sampler_state_dict` (checked at class creation).
+        reports_sampler_logp: every sampled :class:`Generation` carries the engine's own log-probs, whether asked
+            or not (an inference engine's; ``algo.vllm_importance_sampling_correction`` needs them).
+        samples_from_module: the sampler's weights live in a torch module of this process (the live policy, or
+            :meth:`sampler_module`), so a trainer forward on them can recompute log alpha. False for an inference
+            engine: with ``rollout.async_generation`` its own log-probs must then be log alpha.
+        supports_sharded_policy: the engine can take its weights from an FSDP-sharded policy (``trainer=fsdp``).
+
+    Instance attribute:
+        recompute_sampler_logp: log alpha comes from a trainer forward in the training pass's micro-batch shapes
+            (lag-0 ratio exactly 1) rather than from the log-probs recorded while sampling.
     """
 
-    owns_weights: bool
+    owns_weights: ClassVar[bool] = False
+    reports_sampler_logp: ClassVar[bool] = False
+    samples_from_module: ClassVar[bool] = True
+    supports_sharded_policy: ClassVar[bool] = True
+    recompute_sampler_logp: bool = True
 
-    def sync_weights(self, model: Any) -> None: ...
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.owns_weights:
+            missing = [name for name in ("sync_weights", "sampler_state_dict", "load_sampler_state_dict")
+                       if getattr(cls, name) is getattr(GenerationEngine, name)]
+            if missing:
+                raise TypeError(f"{cls.__name__} owns its weights (owns_weights=True) and must implement {missing}")
 
-    def generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation: ...
+    # ------------------------------------------------------------------------------ class-level checks
+    @classmethod  # noqa: B027 - an optional capability, empty by default
+    def check_installed(cls) -> None:
+        """Raise ``ImportError`` naming the install command when a dependency is missing (called before any model
+        is built). Default: nothing is missing."""
+
+    @classmethod
+    def async_engine(cls) -> type[GenerationEngine]:
+        """The engine class to use with ``rollout.async_generation=true``, built with the same arguments.
+
+        Default: this class (it must own its weights). An in-place engine may name its copy-owning variant.
+        """
+        return cls
+
+    # --------------------------------------------------------------------------------------- sampling
+    @abstractmethod
+    def generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation:
+        """Sample one completion per prompt (repeat a prompt G times for a group).
+
+        Args:
+            model: the live policy (an engine that owns its weights ignores it, except to build itself).
+            prompts: token ids per prompt, unpadded.
+            params: the sampling settings.
+
+        Returns:
+            A :class:`Generation` on CPU, row ``i`` for prompt ``i``.
+        """
+
+    def validation_engine(self) -> GenerationEngine:
+        """The engine that measures held-out accuracy on the live policy. Default: this one. An engine that owns a
+        copy (up to k - 1 steps old) returns an in-place engine, so validation never sees stale weights."""
+        return self
+
+    def sampler_module(self) -> torch.nn.Module | None:
+        """The torch module holding the sampler's weights, for a trainer forward that recomputes log alpha; None
+        when the live policy holds them at refresh time (in place) or no module does (an inference engine)."""
+        return None
+
+    # ---------------------------------------------------------------------------------------- weights
+    def sync_weights(self, model: Any, version: int) -> None:  # noqa: B027 - an optional capability, empty by default
+        """Give the sampler the policy's current weights, ``version`` being the optimizer step they are from.
+
+        Called once per sampler refresh. Default (an in-place engine): nothing to do, ``generate`` samples from
+        the live policy, which does not change between a refresh and its sampling.
+
+        Raises:
+            RuntimeError: if the push fails; a push is never skipped silently.
+        """
+
+    def sampler_state_dict(self) -> dict[str, torch.Tensor]:
+        """The sampler's weights (CPU tensors), for a checkpoint taken while a buffer is in flight."""
+        raise NotImplementedError(f"{type(self).__name__} holds no weights of its own")
+
+    def load_sampler_state_dict(self, state: dict[str, torch.Tensor], like: Any) -> None:
+        """Restore :meth:`sampler_state_dict`; ``like`` (the policy) gives the architecture if the engine must be
+        built first."""
+        raise NotImplementedError(f"{type(self).__name__} holds no weights of its own")
+
+    def keep_sampler_state(self) -> None:  # noqa: B027 - an optional capability, empty by default
+        """From now on keep what :meth:`sampler_state_dict` needs at every push. Called once by the asynchronous
+        refresh before its first push (a checkpoint may then hold a buffer in flight). Default: nothing to keep."""
+
+    def sleep(self) -> None:  # noqa: B027 - an optional capability, empty by default
+        """Free the engine's memory between refreshes where it can (GPU sleep mode). Default: nothing."""
+
+    def wake(self) -> None:  # noqa: B027 - an optional capability, empty by default
+        """Undo :meth:`sleep` before a push or a generation. Default: nothing."""
+
+    def close(self) -> None:  # noqa: B027 - an optional capability, empty by default
+        """Release what the engine started (processes, servers, memory). Called once at the end of a run."""
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,193 +189,3 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
             ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
             mask[i, width - len(s):] = 1
     return ids, mask
-
-
-class HFGenerationEngine:
-    """Sampling with ``model.generate``: KV cache, left padding, explicit sampling parameters.
-
-    Every sampling parameter is passed explicitly in a fresh ``GenerationConfig``, and during the call the
-    model's own ``generation_config`` is replaced by a blank one (:func:`model_generation_defaults_cleared`):
-    ``generate`` fills every setting left unset from the model's ``generation_config.json`` (Qwen2.5-Instruct
-    ships ``repetition_penalty=1.1``), which would sample from a distribution other than the one whose
-    log-probs the trainer stores. Only transformers' neutral global defaults remain (pitfalls.md #13).
-
-    Args:
-        stop_token_ids: every id that ends a completion.
-        pad_token_id: id used for padding.
-        generation_batch_size: sequences per ``generate`` call (memory knob; None = all at once).
-        drop_finished_rows: sample with :func:`~grpolab.rollout.decode.sample_completions`, which stops
-            computing a row once it has stopped (same distribution; used when top_k=0 and top_p=1 or greedy,
-            and the model supports it), instead of ``model.generate``.
-        recompute_sampler_logp: True (default here): log alpha comes from a trainer forward in the training
-            pass's micro-batch shapes, so the lag-0 ratio is exactly 1 (pitfalls.md #8). False: the log-probs
-            of the sampled tokens recorded while sampling are log alpha (no extra forward over the buffer;
-            equal to the forward's within float round-off, ~1e-6 in float32, more under bf16 autocast).
-    """
-
-    def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
-                 drop_finished_rows: bool = True, recompute_sampler_logp: bool = True):
-        if not stop_token_ids:
-            raise ValueError("rollout: at least one stop token id is needed")
-        if generation_batch_size is not None and generation_batch_size < 1:
-            raise ValueError(f"rollout.generation_batch_size must be >= 1 or null, got {generation_batch_size}")
-        self.stop_token_ids = list(stop_token_ids)
-        self.pad_token_id = pad_token_id
-        self.generation_batch_size = generation_batch_size
-        self.drop_finished_rows = drop_finished_rows
-        if not isinstance(recompute_sampler_logp, bool):
-            raise ValueError(f"rollout.recompute_sampler_logp must be true or false, got {recompute_sampler_logp!r}")
-        self.recompute_sampler_logp = recompute_sampler_logp
-
-    owns_weights = False
-
-    def sync_weights(self, model: Any) -> None:
-        """Nothing to do: ``generate`` samples from the live policy, which does not change between refreshes."""
-
-    def _config(self, params: SamplingParams) -> GenerationConfig:
-        # With an explicit generator, generate() runs its greedy loop and _GeneratorSampler does the sampling.
-        sample_here = params.do_sample and params.generator is None
-        kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=self.stop_token_ids,
-                      pad_token_id=self.pad_token_id, use_cache=True, do_sample=sample_here)
-        if sample_here:
-            kwargs.update(temperature=params.temperature, top_k=params.top_k or 0, top_p=params.top_p)
-        if params.return_log_probs:
-            kwargs.update(output_scores=True, return_dict_in_generate=True)
-        return GenerationConfig(**kwargs)
-
-    @torch.no_grad()
-    def generate(self, model: Any, prompts: list[list[int]], params: SamplingParams) -> Generation:
-        """Sample one completion per prompt (repeat a prompt G times for a group).
-
-        Returns:
-            A :class:`Generation` on CPU.
-        """
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
-        config = self._config(params)
-        extra = {}
-        if params.do_sample and params.generator is not None:
-            extra["logits_processor"] = LogitsProcessorList([_GeneratorSampler(params)])
-        step = self.generation_batch_size or len(prompts)
-        loop = self.drop_finished_rows and supports_decode_loop(model) and (
-            not params.do_sample or ((params.top_k or 0) == 0 and params.top_p == 1.0))
-        parts = []
-        try:
-            with model_generation_defaults_cleared(model, self.stop_token_ids, self.pad_token_id):
-                for start in range(0, len(prompts), step):
-                    ids, mask = left_pad(prompts[start:start + step], self.pad_token_id)
-                    if loop:
-                        comp, logp = sample_completions(
-                            model, ids.to(device), mask.to(device), params.max_new_tokens, self.stop_token_ids,
-                            self.pad_token_id, params.temperature, params.do_sample, params.return_log_probs,
-                            generator=params.generator)
-                        parts.append((ids, mask, comp.cpu(), None if logp is None else logp.cpu()))
-                        continue
-                    if extra:
-                        extra["logits_processor"][0].reset()
-                    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                         generation_config=config, **extra)
-                    seqs = out.sequences if params.return_log_probs else out
-                    comp = seqs[:, ids.shape[1]:].cpu()
-                    logp = None
-                    if params.return_log_probs:  # with a generator, the scores generate() sees are one-hot
-                        logp = extra["logits_processor"][0].sampled_log_probs() if extra else \
-                            _scores_log_probs(out.scores, comp)
-                    parts.append((ids, mask, comp, logp))
-        finally:
-            model.train(was_training)
-        return _merge(parts, self.pad_token_id, self.stop_token_ids)
-
-
-@contextmanager
-def model_generation_defaults_cleared(model: Any, stop_token_ids: list[int], pad_token_id: int) -> Iterator[None]:
-    """Within the block ``model.generation_config`` is blank (stop and pad ids only), then restored.
-
-    ``generate`` merges the model's ``generation_config`` into the one it is given: every field we leave
-    unset (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``, ...) is
-    taken from the model folder's ``generation_config.json``. With a blank one, only our config and
-    transformers' neutral global defaults decide what is sampled.
-    """
-    saved = model.generation_config
-    model.generation_config = GenerationConfig(eos_token_id=list(stop_token_ids), pad_token_id=pad_token_id,
-                                               bos_token_id=getattr(saved, "bos_token_id", None))
-    try:
-        yield
-    finally:
-        model.generation_config = saved
-
-
-def _scores_log_probs(scores: tuple[torch.Tensor, ...], completion: torch.Tensor) -> torch.Tensor:
-    """[B, L] log-probs of ``completion``'s tokens under ``generate``'s processed scores (one [B, V] a step)."""
-    if not scores:
-        return torch.zeros(completion.shape, dtype=torch.float32)
-    logits = torch.stack(scores, 1).float().cpu()
-    logp = logits.log_softmax(-1).gather(-1, completion[:, :logits.shape[1], None])[..., 0]
-    return torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))  # -inf after a row has stopped
-
-
-class _GeneratorSampler(LogitsProcessor):
-    """Samples the next token with an explicit ``torch.Generator`` inside a greedy ``generate`` loop.
-
-    It applies the warpers Hugging Face's sampling loop applies, in its order (temperature, top-k, top-p),
-    draws ``torch.multinomial(softmax(scores), 1, generator=g)`` exactly as ``generate(do_sample=True)`` does
-    with the global RNG, and returns scores that are 0 at the drawn token and -inf elsewhere, so the greedy
-    argmax picks it. Same seed, same tokens as the global-RNG path; torch's global RNG is never touched.
-    With ``params.return_log_probs`` it also keeps the log-prob of each drawn token under the warped
-    distribution (what ``_scores_log_probs`` reads from the processed scores on the global-RNG path).
-    """
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.generator = params.generator
-        self.keep_log_probs = params.return_log_probs
-        self._log_probs: list[torch.Tensor] = []
-        self.warpers = []
-        if params.temperature != 1.0:
-            self.warpers.append(TemperatureLogitsWarper(params.temperature))
-        if params.top_k:
-            self.warpers.append(TopKLogitsWarper(params.top_k))
-        if params.top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(params.top_p))
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for warp in self.warpers:
-            scores = warp(input_ids, scores)
-        probs = torch.nn.functional.softmax(scores, dim=-1)
-        tokens = torch.multinomial(probs, num_samples=1, generator=self.generator)
-        if self.keep_log_probs:
-            self._log_probs.append(scores.float().log_softmax(-1).gather(1, tokens)[:, 0].cpu())
-        out = torch.full_like(scores, -math.inf)
-        return out.scatter_(1, tokens, 0.0)
-
-    def reset(self) -> None:
-        """Forget the log-probs of the previous ``generate`` call."""
-        self._log_probs = []
-
-    def sampled_log_probs(self) -> torch.Tensor:
-        """[B, L] float32 log-probs of the drawn tokens (finite; callers mask positions after the stop)."""
-        logp = torch.stack(self._log_probs, 1) if self._log_probs else torch.zeros((0, 0))
-        return torch.where(torch.isfinite(logp), logp, torch.zeros_like(logp))
-
-
-def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]], pad_id: int,
-           stop_ids: list[int]) -> Generation:
-    """Concatenate generate() chunks. Masks and truncation flags are computed per chunk, before any width
-    padding, because the pad id may itself be a stop id (Qwen pads with <|endoftext|>; pitfalls.md #5)."""
-    parts = [p if len(p) == 4 else (*p, None) for p in parts]
-    p_width = max(p[0].shape[1] for p in parts)
-    c_width = max(max(p[2].shape[1] for p in parts), 1)
-    fields: dict[str, list[torch.Tensor]] = {"pi": [], "pm": [], "ci": [], "cm": [], "tr": [], "lp": []}
-    for ids, mask, comp, logp in parts:
-        cm = completion_mask(comp, stop_ids)
-        lp, lc = p_width - ids.shape[1], c_width - comp.shape[1]
-        fields["pi"].append(torch.nn.functional.pad(ids, (lp, 0), value=pad_id))
-        fields["pm"].append(torch.nn.functional.pad(mask, (lp, 0), value=0))
-        fields["ci"].append(torch.nn.functional.pad(comp, (0, lc), value=pad_id))
-        fields["cm"].append(torch.nn.functional.pad(cm.mask.bool(), (0, lc), value=False))
-        fields["tr"].append(cm.truncated.bool())
-        if logp is not None:
-            logp = torch.where(cm.mask.bool(), logp, torch.zeros_like(logp))
-            fields["lp"].append(torch.nn.functional.pad(logp, (0, lc), value=0.0))
-    log_probs = torch.cat(fields["lp"]) if len(fields["lp"]) == len(parts) else None
-    return Generation(*(torch.cat(fields[k]) for k in ("pi", "pm", "ci", "cm", "tr")), sampler_logp=log_probs)

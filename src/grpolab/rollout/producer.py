@@ -46,6 +46,8 @@ class RolloutProducer:
         tokenizer: the policy's tokenizer.
         engine: a :class:`~grpolab.rollout.engine.GenerationEngine`.
         reward_model: a callable ``(completions, **columns) -> RewardOutput`` (``.rewards``, ``.per_func``).
+        needs_sampler_logp: store log alpha with every minibatch (needed whenever a minibatch can be trained at a
+            lag > 0); None = ``cfg.reuses_samples``.
 
     When a minibatch needs ``log alpha`` (k > 1, i > 1 or async) and the engine does not recompute it
     (``engine.recompute_sampler_logp`` false: vLLM and ``hf_copy`` by default), the log-probs the engine
@@ -55,7 +57,8 @@ class RolloutProducer:
     it). The engine's values are kept in ``mb.engine_logp`` either way (the mismatch metrics read them).
     """
 
-    def __init__(self, cfg: GRPOConfig, task: Any, tokenizer: Any, engine: GenerationEngine, reward_model: Any):
+    def __init__(self, cfg: GRPOConfig, task: Any, tokenizer: Any, engine: GenerationEngine, reward_model: Any,
+                 needs_sampler_logp: bool | None = None):
         self.cfg = cfg
         self.task = task
         self.tokenizer = tokenizer
@@ -63,9 +66,9 @@ class RolloutProducer:
         self.reward_model = reward_model
         self.counters = {"unscorable": 0, "truncated": 0, "completions": 0}
         self._lock = threading.Lock()  # a background sampler and validation may both count
-        # log alpha is stored whenever a minibatch can be trained at a lag > 0: sample reuse, k > 1, or
-        # asynchronous generation (the data module sets this; with async even k = i = 1 trains at lag >= 1).
-        self.needs_sampler_logp = bool(getattr(cfg, "reuses_samples", False))  # eval: never
+        # log alpha is stored whenever a minibatch can be trained at a lag > 0: sample reuse (k > 1 or i > 1), or
+        # asynchronous generation (with async even k = i = 1 trains at lag >= 1). None = decided by cfg alone.
+        self.needs_sampler_logp = cfg.reuses_samples if needs_sampler_logp is None else bool(needs_sampler_logp)
 
     def with_engine(self, engine: GenerationEngine, own_counters: bool = False) -> RolloutProducer:
         """A producer that samples with ``engine``; it shares this one's counters (e.g. for validation) unless
@@ -139,7 +142,7 @@ class RolloutProducer:
         ``policy`` too. ``policy_version`` is the optimizer step those weights are from.
         """
         c = self.cfg
-        recompute = bool(getattr(self.engine, "recompute_sampler_logp", False)) or c.vllm_importance_sampling_correction
+        recompute = self.engine.recompute_sampler_logp or c.vllm_importance_sampling_correction
         s = self.sample(policy, rows, c.num_generations, step=policy_version, generator=generator,
                         log_probs=self.needs_sampler_logp and not recompute)
         gen, n_per = s["generation"], c.per_device_train_batch_size

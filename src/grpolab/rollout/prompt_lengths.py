@@ -1,8 +1,7 @@
 """Prompt lengths, checked once at setup: a default limit from the model's context, and every row measured.
 
-One over-long prompt used to reach the sampler unnoticed: a buffer is padded to its longest prompt, so a
-3,002-character row in a 40-row file took the process to 22.6 GB and the kernel killed it with no
-message. Now, before the first step:
+A buffer is padded to its longest prompt, so one over-long row can take a run out of memory with no message
+(a 3,002-character row in a 40-row file once took a process to 22.6 GB). So, before the first step:
 
 - ``algo.max_prompt_length: null`` becomes ``max_position_embeddings - algo.max_completion_length`` of the
   model's config (or ``tokenizer.model_max_length - algo.max_completion_length`` when the config has
@@ -14,6 +13,7 @@ message. Now, before the first step:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -111,32 +111,37 @@ def check_prompt_lengths(task: Any, tokenizer: Any, limit: int, why: str = "",
     return longest
 
 
-def setup_prompt_limit(cfg: Any, spec: Any, task: Any, tokenizer: Any) -> int | None:
-    """Fill ``cfg.max_prompt_length`` from the model's context when it is ``None``, then check every row.
+def with_prompt_limit(cfg: Any, spec: Any, task: Any, tokenizer: Any) -> Any:
+    """``cfg`` with ``max_prompt_length`` filled from the model's context when it is ``None``, after checking every
+    row of every split against the limit in force.
 
     Args:
-        cfg: the :class:`~grpolab.config.GRPOConfig` (mutated: ``max_prompt_length`` is set).
+        cfg: the :class:`~grpolab.config.GRPOConfig` (not changed: a new one is returned).
         spec: the model spec.
         task: the task.
         tokenizer: the policy's tokenizer.
 
     Returns:
-        The limit in force (``None`` when no context length is known and none was set: then nothing is
-        checked).
+        A copy of ``cfg`` whose ``max_prompt_length`` is the limit in force (``None`` when no context length is
+        known and none was set: then nothing is checked).
+
+    Raises:
+        ValueError: naming the rows longer than the limit.
     """
     default, why = default_max_prompt_length(spec, tokenizer, cfg.max_completion_length)
-    if cfg.max_prompt_length is None:
-        cfg.max_prompt_length = default
+    limit = cfg.max_prompt_length
+    if limit is None:
+        limit = default
         if default is not None:
             log.info("algo.max_prompt_length = %d (%s)", default, why)
-    elif default is not None and cfg.max_prompt_length > default:
+    elif default is not None and limit > default:
         log.warning("algo.max_prompt_length=%d + algo.max_completion_length=%d exceed the model's context (%s)",
-                    cfg.max_prompt_length, cfg.max_completion_length, why)
+                    limit, cfg.max_completion_length, why)
         why = "set in the config"
     else:
         why = "set in the config"
-    if cfg.max_prompt_length is None:
+    if limit is None:
         log.warning("no context length known for %s: prompt lengths are not checked", getattr(spec, "source", spec))
-        return None
-    check_prompt_lengths(task, tokenizer, cfg.max_prompt_length, why)
-    return cfg.max_prompt_length
+    else:
+        check_prompt_lengths(task, tokenizer, limit, why)
+    return cfg if limit == cfg.max_prompt_length else dataclasses.replace(cfg, max_prompt_length=limit)

@@ -1,4 +1,6 @@
-"""Which settings shape a saved rollout buffer, so a resume with them changed is refused (or drops it).
+"""The rollout side's checkpoint: what it saves, and which settings shape a saved buffer.
+
+A resume with a buffer-shaping setting changed is refused (or drops the buffer with ``resume_drop_buffer``).
 
 A checkpoint taken mid-buffer holds the rest of that buffer: completions sampled with the old
 ``max_completion_length`` and ``temperature``, grouped by the old ``num_generations``, split into the old
@@ -9,9 +11,14 @@ that with new settings trains on a buffer the new settings never produced.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+
+from grpolab.rollout.buffer import RolloutBuffer
+
+log = logging.getLogger(__name__)
 
 # algo.<key> values stored with the buffer and compared on resume.
 BUFFER_SETTINGS = (
@@ -97,11 +104,6 @@ def saved_world_size(state: dict[str, Any]) -> int:
     return len(state["ranks"]) if state.get("ranks") else 1
 
 
-def has_pending_rows(state: dict[str, Any]) -> bool:
-    """Whether a saved rollout state still holds rows to train on (inside a buffer) or a buffer in flight."""
-    return state.get("position", 0) < len(state.get("buffer") or []) or state.get("in_flight") is not None
-
-
 def rank_state(state: dict[str, Any], rank: int) -> dict[str, Any]:
     """``rank``'s entry of a multi-process checkpoint (``state["ranks"]``, from :func:`gather_rank_states`); its
     in-flight spec gets back the top level's ``sampler_weights``. Call it only when the saved and current world
@@ -111,3 +113,55 @@ def rank_state(state: dict[str, Any], rank: int) -> dict[str, Any]:
     if entry.get("in_flight") is not None:
         entry["in_flight"] = {**entry["in_flight"], "sampler_weights": state["in_flight"]["sampler_weights"]}
     return entry
+
+
+def rollout_state(dm: Any, rank: int, world: int) -> dict[str, Any]:
+    """The rollout state of a :class:`~grpolab.rollout.datamodule.RolloutDataModule` for exact resume.
+
+    Under DDP/FSDP every rank holds its own buffer (disjoint prompts): they are gathered into ``ranks`` (one entry
+    per rank, tensors on the CPU; :func:`gather_rank_states`), a collective: call it on every rank, as Lightning's
+    ``Trainer.save_checkpoint`` does. The top level holds this rank's own entry (rank 0's in the file).
+    """
+    refresh = dm.refresh.state_dict() if dm.refresh else {"in_flight": None}
+    buffer = dm.buffer.state_dict()
+    local = {"buffer": buffer.pop("buffer"), "in_flight": refresh.pop("in_flight"),
+             "counters": dict(dm.producer.counters) if dm.producer else {}}
+    state = {"prompt_order": dm.prompts.state_dict() if dm.prompts else None, **local, **buffer, **refresh,
+             **dm.sampler.state_dict(), "ref_refreshed_at": dm.ref_refreshed_at, "settings": buffer_settings(dm.cfg)}
+    if world > 1:
+        state["ranks"] = gather_rank_states(local, rank, world)
+    return state
+
+
+def load_rollout_state(dm: Any, state: dict[str, Any], rank: int, world: int) -> None:
+    """Restore :func:`rollout_state` into ``dm`` (after its ``setup``).
+
+    Raises:
+        ValueError: a setting that shapes the saved buffer changed (listing them), or the process count changed
+            while steps of the saved buffers remain, unless ``dm.resume_drop_buffer``; or the checkpoint holds a
+            buffer in flight and ``rollout.async_generation`` is off.
+    """
+    if state.get("prompt_order") or state.get("sampler"):
+        dm.prompts.load_state_dict(state.get("prompt_order") or state["sampler"])
+    changed = changed_buffer_settings(state.get("settings"), dm.cfg)
+    saved_world = saved_world_size(state)
+    saved_i = (state.get("settings") or {}).get("num_iterations", dm.cfg.num_iterations)
+    pending = RolloutBuffer.saved_has_pending(state, saved_i) or state.get("in_flight") is not None
+    if saved_world != world and pending:  # each rank held its own buffer
+        changed = [*changed, f"rank buffers in the checkpoint: {saved_world}, processes now: {world}"]
+    if changed and not dm.resume_drop_buffer:
+        raise ValueError(
+            "resuming with settings that shape the saved rollout buffer changed: " + ", ".join(changed)
+            + ". Resume with the checkpoint's values, or pass resume_drop_buffer=true to drop the saved buffer "
+            "and sample a new one with the new settings"
+        )
+    if changed:
+        log.warning("resume_drop_buffer=true: dropping the saved rollout buffer (%s); the next step samples "
+                    "a new one", ", ".join(changed))
+    if not changed and world > 1 and saved_world == world:
+        state = {**state, **rank_state(state, rank)}  # this rank's own buffer (DDP: disjoint prompts)
+    dm.buffer.load_state_dict(state, keep_minibatches=not changed)
+    dm.sampler.load_state_dict(state, default_pushes=state["rounds"])
+    dm.refresh.load_state_dict(state, None if changed else state.get("in_flight"))
+    dm.ref_refreshed_at = state.get("ref_refreshed_at", 0)
+    dm.producer.counters.update(state.get("counters", {}))

@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from grpolab.config import GRPOConfig
+from hydra.utils import get_class
 
-# What the background sampler needs from an engine besides GenerationEngine: the module it samples from (for the
-# sampler log-probs log alpha, computed in the background) and its weights for a checkpoint.
-ASYNC_ENGINE_API = ("sampler_model", "sampler_state_dict", "load_sampler_state_dict")
+from grpolab.config import GRPOConfig
+from grpolab.rollout.engine import GenerationEngine
 
 
 @dataclass
@@ -47,18 +46,22 @@ class RolloutSettings:
     generation_timeout_s: float | None = None
     overlap_steps: int | None = None
 
-    def validate(self, algo: GRPOConfig, owns_weights: bool, engine: Any = None) -> RolloutSettings:
-        """Check the values against the algorithm and the engine (class or instance); returns self."""
+    def validate(self, algo: GRPOConfig, engine: type[GenerationEngine]) -> RolloutSettings:
+        """Check the values against the algorithm and the engine's capabilities; returns self.
+
+        Raises:
+            ValueError: naming ``rollout.<key>`` (or the ``algo.<key>`` it conflicts with) and the setting to change.
+        """
         if not isinstance(self.async_generation, bool):
             raise ValueError(f"rollout.async_generation must be true or false, got {self.async_generation!r}")
-        if self.async_generation and not owns_weights:
-            raise ValueError("rollout.async_generation=true needs an engine that owns its sampler weights (the "
-                             "in-place engine would sample from the policy while it trains), e.g. rollout=hf_copy")
-        missing = [m for m in ASYNC_ENGINE_API if engine is not None and not hasattr(engine, m)]
-        if self.async_generation and missing:
-            raise ValueError(f"rollout.async_generation=true: the engine {getattr(engine, '__name__', engine)} lacks "
-                             f"{missing} (the sampler's own module for its log-probs, and its weights for exact "
-                             f"resume); use rollout=hf_copy")
+        if self.async_generation and not engine.owns_weights:
+            raise ValueError(f"rollout.async_generation=true needs an engine that owns its sampler weights (the "
+                             f"in-place {engine.__name__} would sample from the policy while it trains): use "
+                             f"rollout=hf_copy or rollout=vllm, or set rollout.async_generation=false")
+        if algo.vllm_importance_sampling_correction and not engine.reports_sampler_logp:
+            raise ValueError("algo.vllm_importance_sampling_correction=true needs an engine that reports its own "
+                             f"log-probs (rollout=vllm); {engine.__name__} samples with the trainer's own forward: "
+                             "set algo.vllm_importance_sampling_correction=false or use rollout=vllm")
         per_buffer = algo.steps_per_generation * algo.num_iterations
         if self.max_lag is not None:
             if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < per_buffer - 1:
@@ -93,3 +96,40 @@ def split_rollout_config(rollout: dict[str, Any]) -> tuple[dict[str, Any], Rollo
     names = {f.name for f in fields(RolloutSettings)}
     settings = RolloutSettings(**{k: v for k, v in rollout.items() if k in names})
     return {k: v for k, v in rollout.items() if k not in names}, settings
+
+
+def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig) -> tuple[type[GenerationEngine], dict[str, Any],
+                                                                           RolloutSettings]:
+    """The engine class, its constructor arguments and the validated schedule settings of a ``rollout`` node.
+
+    The class is the node's ``_target_`` (``conf/rollout/<name>.yaml``), or its :meth:`GenerationEngine.async_engine`
+    with ``rollout.async_generation=true``. Runs before any model is built, so every error names a key.
+
+    Args:
+        rollout: the composed ``rollout`` node as a plain dict (``_target_`` + engine arguments + schedule keys).
+        algo: the validated algorithm settings.
+
+    Raises:
+        ValueError: naming ``rollout.<key>`` for an unknown engine, an engine that is not a
+            :class:`GenerationEngine`, or a setting that conflicts with the algorithm or the engine.
+        ImportError: the engine's dependency is missing (naming the install command).
+    """
+    engine_args, settings = split_rollout_config(rollout)
+    target = engine_args.get("_target_")
+    try:
+        engine_cls = get_class(str(target))
+    except Exception as err:  # Hydra raises ImportError or ValueError depending on what is missing
+        raise ValueError(f"rollout._target_={target!r} is not an importable class ({err})") from err
+    if not (isinstance(engine_cls, type) and issubclass(engine_cls, GenerationEngine)):
+        raise ValueError(f"rollout._target_={target!r} is not a grpolab.rollout.engine.GenerationEngine subclass")
+    if settings.async_generation is True:
+        engine_cls = engine_cls.async_engine()
+        engine_args["_target_"] = f"{engine_cls.__module__}.{engine_cls.__qualname__}"
+    settings.validate(algo, engine_cls)
+    recompute = bool(engine_args.get("recompute_sampler_logp")) or algo.vllm_importance_sampling_correction
+    if settings.async_generation and recompute and not engine_cls.samples_from_module:
+        raise ValueError(f"rollout.async_generation=true with {engine_cls.__name__} takes log alpha from the engine, "
+                         "which holds the sampler's weights outside the trainer: set rollout.recompute_sampler_logp="
+                         "false and algo.vllm_importance_sampling_correction=false, or rollout.async_generation=false")
+    engine_cls.check_installed()
+    return engine_cls, engine_args, settings

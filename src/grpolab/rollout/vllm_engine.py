@@ -37,7 +37,8 @@ import torch
 
 from grpolab.algo.masks import completion_mask
 from grpolab.lora import merged_state_dict
-from grpolab.rollout.engine import Generation, HFGenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.hf_engine import HFGenerationEngine
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def _drop_rotary_reload(record: logging.LogRecord) -> bool:
     return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
-class VLLMGenerationEngine:
+class VLLMGenerationEngine(GenerationEngine):
     """Sampling with a vLLM ``LLM`` built in this process; the sampler's weights change only in ``sync_weights``.
 
     Args:
@@ -106,8 +107,6 @@ class VLLMGenerationEngine:
             between the engine's and the trainer's log-probs on a probe; None = 1e-3 for float32 weights and 0.05
             for 16-bit ones. A larger difference stops the run (a stale sampler is never silent).
         max_num_seqs: sequences vLLM decodes at once; None = vLLM's default.
-        keep_sampler_weights: keep a CPU copy of the last pushed weights for :meth:`sampler_state_dict` (exact
-            resume with a buffer in flight); set by the run when ``rollout.async_generation=true``.
 
     Raises:
         ImportError: vLLM is not installed (the message names the install command).
@@ -116,21 +115,20 @@ class VLLMGenerationEngine:
 
     owns_weights = True
     reports_sampler_logp = True  # Generation.sampler_logp holds the engine's own log-probs
-
-    @staticmethod
-    def check_installed() -> None:
-        """Raise the :func:`import_vllm` ImportError (naming the install command) when vLLM is missing; called by
-        ``run.build`` before any model is built."""
-        import_vllm()
     # No trainer-side module holds the sampler's weights: with rollout.async_generation the engine's own log-probs
-    # are log alpha (a recompute would need one; run.rollout_settings refuses that combination).
-    sampler_model = None
+    # are log alpha (a recompute would need one; the settings checks refuse that combination).
+    samples_from_module = False
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """Raise the :func:`import_vllm` ImportError (naming the install command) when vLLM is missing."""
+        import_vllm()
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, gpu_memory_utilization: float = 0.3,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None, enable_sleep_mode: bool = False,
                  dtype: str = "auto", kv_cache_memory_bytes: int | None = None, enforce_eager: bool | None = None,
                  recompute_sampler_logp: bool = False, sync_check_tolerance: float | None = None,
-                 max_num_seqs: int | None = None, keep_sampler_weights: bool = False) -> None:
+                 max_num_seqs: int | None = None) -> None:
         if not stop_token_ids:
             raise ValueError("rollout: at least one stop token id is needed")
         if not (0 < gpu_memory_utilization <= 1):
@@ -171,7 +169,7 @@ class VLLMGenerationEngine:
         self.recompute_sampler_logp = bool(recompute_sampler_logp)
         self.sync_check_tolerance = sync_check_tolerance
         self.max_num_seqs = max_num_seqs
-        self.keep_sampler_weights = bool(keep_sampler_weights)
+        self.keep_sampler_weights = False  # set by keep_sampler_state (asynchronous refresh)
         self._kept_state: dict[str, torch.Tensor] | None = None
         self.llm: Any = None
         self.weight_pushes = 0  # in-memory pushes of the trainer's weights (one per sampler refresh)
@@ -277,8 +275,9 @@ class VLLMGenerationEngine:
                 f"rollout.dtype differs from the policy's dtype.")
 
     # ---------------------------------------------------------------------------------------- weights
-    def sync_weights(self, model: Any) -> None:
-        """Push ``model``'s weights into the engine (building it at the first call), then reset the prefix cache.
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Push ``model``'s weights (from optimizer step ``version``) into the engine (building it at the first
+        call), then reset the prefix cache.
 
         Raises:
             RuntimeError: if this vLLM has no in-memory ``reload_weights``, or the start-up check fails.
@@ -294,7 +293,7 @@ class VLLMGenerationEngine:
         self._push_state(merged_state_dict(model))
 
     def _push_state(self, state: dict[str, torch.Tensor]) -> None:
-        self._wake()
+        self.wake()
         if self.keep_sampler_weights:
             self._kept_state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
         try:
@@ -314,12 +313,12 @@ class VLLMGenerationEngine:
         from the push rather than read back from the engine.
 
         Raises:
-            RuntimeError: unless the engine was built with ``keep_sampler_weights`` (the run sets it with
-                ``rollout.async_generation=true``) and has received weights.
+            RuntimeError: unless :meth:`keep_sampler_state` was called (the asynchronous refresh does) and the
+                engine has received weights.
         """
         with self._lock:
             if self._kept_state is None:
-                raise RuntimeError("rollout=vllm: no sampler weights kept (keep_sampler_weights=false or no push yet)")
+                raise RuntimeError("rollout=vllm: no sampler weights kept (keep_sampler_state() not called, or no push yet)")
             return dict(self._kept_state)
 
     def load_sampler_state_dict(self, state: dict[str, torch.Tensor], like: Any) -> None:
@@ -329,17 +328,23 @@ class VLLMGenerationEngine:
                 self._build(like)
             self._push_state(state)
 
-    def validation_engine(self) -> HFGenerationEngine:
+    def keep_sampler_state(self) -> None:
+        """Keep a CPU copy of every push from now on, for :meth:`sampler_state_dict`."""
+        self.keep_sampler_weights = True
+
+    def validation_engine(self) -> GenerationEngine:
         """An in-place engine for validation: held-out accuracy is measured on the live policy, not on the weights
         of the last push (up to k - 1 steps old)."""
         return HFGenerationEngine(self.stop_token_ids, self.pad_token_id)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake the engine from sleep mode (weights back on the device, KV cache reallocated)."""
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
 
-    def _sleep(self) -> None:
+    def sleep(self) -> None:
+        """With ``rollout.enable_sleep_mode``: offload the weights and free the KV cache until the next use."""
         if self.enable_sleep_mode:
             self.llm.sleep(level=1)
             self._asleep = True
@@ -379,12 +384,12 @@ class VLLMGenerationEngine:
         g = params.generator  # None = torch's global RNG, which the data module seeds at every refresh
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=g,
                               device=g.device if g is not None else None).tolist()
-        self._wake()
+        self.wake()
         try:
             outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
                                      [self.sampling_params(params, s) for s in seeds], use_tqdm=False)
         finally:
-            self._sleep()
+            self.sleep()
         return self._to_generation(prompts, outs, with_logp=params.do_sample)
 
     def _to_generation(self, prompts: list[list[int]], outs: list[Any], with_logp: bool) -> Generation:

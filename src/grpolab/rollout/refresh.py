@@ -1,0 +1,264 @@
+"""How a rollout buffer is refilled: sampled now (:class:`SyncRefresh`) or ahead, in a background thread
+(:class:`AsyncRefresh`). Both sit behind one interface that the data module drives:
+
+* :meth:`SyncRefresh.refill` returns the k minibatches of the next refresh (round ``buffer.rounds``);
+* :meth:`SyncRefresh.before_step` runs before every step, after any refill (async: launch the next buffer,
+  set the thread split);
+* :meth:`SyncRefresh.state_dict` / :meth:`SyncRefresh.load_state_dict` carry what a checkpoint needs
+  (async: the buffer in flight, regenerated on resume from the saved sampler weights).
+
+Each refresh samples with its own seed (:func:`round_seed`), so a resumed run samples exactly what the original
+run sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from grpolab.errors import NonFiniteLossError
+from grpolab.rollout.background import BackgroundJob, half_cores, split_cpu_threads
+from grpolab.rollout.buffer import Minibatch, RolloutBuffer
+from grpolab.rollout.producer import RolloutProducer
+from grpolab.rollout.prompt_order import PromptOrder
+from grpolab.rollout.sampler import SamplerPolicy
+from grpolab.rollout.settings import RolloutSettings
+
+log = logging.getLogger(__name__)
+
+
+def round_seed(seed: int, round_index: int, rank: int = 0, world: int = 1) -> int:
+    """The sampling seed of refresh ``round_index`` on ``rank`` of ``world`` processes (distinct per rank)."""
+    return (seed * 1_000_003 + round_index) * world + rank
+
+
+class SyncRefresh:
+    """Refill the buffer when it runs out: push the policy's weights, then sample the next refresh from them.
+
+    Args:
+        producer: generate -> verify -> advantages -> log-probs.
+        sampler: the engine and the version of the weights it holds.
+        models: the live ``policy`` and the ``reference`` (attributes of a :class:`~grpolab.handle.PolicyHandle`).
+        train_rows: the training split.
+        prompts: the prompt order (shared by all ranks; each rank keeps its own slice).
+        seed: the run's seed.
+        rank, world: this process and the process count (groups never span ranks).
+        precision: returns the training forward's precision context (bf16-mixed: autocast), so log alpha is
+            computed as the training pass computes log-probs.
+    """
+
+    def __init__(self, producer: RolloutProducer, sampler: SamplerPolicy, models: Any, train_rows: list[dict],
+                 prompts: PromptOrder, seed: int, rank: int = 0, world: int = 1,
+                 precision: Callable[[], Any] = contextlib.nullcontext) -> None:
+        self.producer = producer
+        self.sampler = sampler
+        self.models = models
+        self.train_rows = train_rows
+        self.prompts = prompts
+        self.seed = seed
+        self.rank, self.world = rank, world
+        self.precision = precision
+        self.rows_per_refresh = producer.cfg.steps_per_generation * producer.cfg.prompts_per_step
+        self.time_rollout_s = 0.0  # time the trainer spent on rollouts (waiting for them, under async)
+        self.time_generation_s = 0.0  # async: the background sampler's busy time (buffers handed over)
+
+    def take_indices(self) -> list[int]:
+        """The next refresh's training rows for this rank: every rank draws the same global order and keeps its
+        own disjoint slice, so a group (one prompt x num_generations completions) never spans ranks."""
+        n = self.rows_per_refresh
+        return self.prompts.take(n * self.world)[self.rank * n:(self.rank + 1) * n]
+
+    def seed_of(self, round_index: int) -> int:
+        return round_seed(self.seed, round_index, self.rank, self.world)
+
+    def refill(self, step: int, round_index: int) -> list[Minibatch]:
+        """Sample refresh ``round_index`` with the policy of step ``step`` (which becomes the sampler alpha).
+
+        Raises:
+            NonFiniteLossError: the policy's probabilities are not finite (sampling cannot proceed).
+        """
+        start = time.perf_counter()
+        rows = [self.train_rows[i] for i in self.take_indices()]
+        torch.manual_seed(self.seed_of(round_index))
+        self.sampler.push(self.models.policy, step)
+        try:
+            with self.precision():
+                minibatches = self.producer.produce(self.sampler.module(self.models.policy), self.models.reference,
+                                                    rows, round_index, step)
+        except RuntimeError as err:
+            if "inf" in str(err) or "nan" in str(err):
+                raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
+                                         f"({err}); lower algo.learning_rate") from err
+            raise
+        self.time_rollout_s += time.perf_counter() - start
+        return minibatches
+
+    def before_step(self, step: int, buffer: RolloutBuffer, max_steps: int | None) -> None:
+        """Work due before each step once the buffer is filled; nothing for a synchronous refresh."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"time_rollout_s": self.time_rollout_s, "time_generation_s": self.time_generation_s,
+                "in_flight": None}
+
+    def load_state_dict(self, state: dict[str, Any], in_flight: dict[str, Any] | None) -> None:
+        """Restore the counters; ``in_flight`` is a buffer that was being generated when the checkpoint was taken.
+
+        Raises:
+            ValueError: ``in_flight`` is set (only an asynchronous refresh has buffers in flight).
+        """
+        if in_flight is not None:
+            raise ValueError("this checkpoint was written with rollout.async_generation=true (a buffer was in "
+                             "flight); resume it with the same setting")
+        self.time_rollout_s = state.get("time_rollout_s", 0.0)
+        self.time_generation_s = state.get("time_generation_s", 0.0)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop what the refresh started (nothing here)."""
+
+
+class AsyncRefresh(SyncRefresh):
+    """Generate buffer r+1 in a background thread, from the weights pushed at refresh r, while the trainer trains
+    on buffer r (lag k*i .. 2k*i-1, or less with ``rollout.max_lag``).
+
+    While the next buffer is generated (``rollout.overlap_steps`` steps after its launch) the trainer's and the
+    sampler's threads get half the CPU cores each; from then on the trainer waits for that buffer if it is not done
+    and takes every core. The schedule depends on the step alone, never on timing, so a run is reproducible bit
+    for bit.
+
+    Args:
+        settings: the validated rollout settings (timeout, push delay, overlap).
+        Others: as :class:`SyncRefresh`.
+    """
+
+    def __init__(self, *args: Any, settings: RolloutSettings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = settings
+        self.sampler.engine.keep_sampler_state()  # a checkpoint may hold a buffer in flight
+        self._job: BackgroundJob | None = None  # the next buffer, in flight
+        self._job_spec: dict[str, Any] | None = None  # its round, prompt indices and policy version
+        self._restore: dict[str, Any] | None = None  # an in-flight spec from a checkpoint, regenerated on resume
+        self._tokenizer: Any = None
+        self._all_threads: int | None = None  # the trainer's torch threads before the first split
+
+    def refill(self, step: int, round_index: int) -> list[Minibatch]:
+        """Hand over the buffer generated in the background (launching it now, with every core, if none is in
+        flight), then add the reference's log-probs as of this step.
+
+        Raises:
+            RolloutEngineError: the background sampler failed or exceeded ``rollout.generation_timeout_s``.
+        """
+        start = time.perf_counter()
+        self._resume_in_flight()
+        if self._job is None:  # the first buffer (or no overlap: the push delay is a whole buffer)
+            self._launch(step, round_index, overlap=False)
+        minibatches, counters = self._job.result(self.settings.generation_timeout_s, step)
+        # cleared only after the result: a job that failed or timed out is still joined at close()
+        job, self._job, self._job_spec = self._job, None, None
+        self.producer.add_counts(counters)
+        self.time_generation_s += job.finished - job.started
+        self.producer.add_reference_logp(minibatches, self.models.reference)
+        self.time_rollout_s += time.perf_counter() - start
+        return minibatches
+
+    def before_step(self, step: int, buffer: RolloutBuffer, max_steps: int | None) -> None:
+        """Launch the next buffer once the push delay is reached, then set the trainer's threads for this step."""
+        self._resume_in_flight()
+        spb = buffer.steps_per_buffer
+        next_needed = max_steps is None or max_steps < 0 or buffer.rounds * spb < max_steps
+        if self._job is None and buffer.position >= self.settings.push_delay(spb) and next_needed:
+            self._launch(step, buffer.rounds)
+        self._balance_threads(step, buffer.position, spb)
+
+    def _launch(self, step: int, round_index: int, overlap: bool = True) -> None:
+        """Push the policy (version ``step``) and generate refresh ``round_index`` from it in the background.
+        ``overlap=False``: the trainer waits for this buffer, so the sampler gets every core."""
+        self.sampler.push(self.models.policy, step)
+        self._start_job({"round": round_index, "indices": self.take_indices(),
+                         "policy_version": self.sampler.version}, overlap)
+
+    def _resume_in_flight(self) -> None:
+        """After a resume: regenerate the buffer that was in flight from the saved sampler weights."""
+        if self._restore is None:
+            return
+        spec, self._restore = self._restore, None
+        self.sampler.restore(spec, like=self.models.policy)
+        self._start_job({k: v for k, v in spec.items() if k != "sampler_weights"})
+
+    def _balance_threads(self, step: int, position: int, steps_per_buffer: int) -> None:
+        if self._all_threads is None:
+            return
+        pending = self._job is not None
+        if pending and position >= self.settings.overlap_end(steps_per_buffer):
+            start = time.perf_counter()
+            self._job.result(self.settings.generation_timeout_s, step)  # raises, naming the step
+            self.time_rollout_s += time.perf_counter() - start
+            pending = False
+        want = min(half_cores(), self._all_threads) if pending else self._all_threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
+    def _start_job(self, spec: dict[str, Any], overlap: bool = True) -> None:
+        if self._all_threads is None:
+            self._all_threads = torch.get_num_threads()
+        if overlap:  # trainer and sampler threads get half the cores each (the job takes the trainer's count)
+            split_cpu_threads()
+        elif torch.get_num_threads() != self._all_threads:
+            torch.set_num_threads(self._all_threads)
+        rows = [self.train_rows[i] for i in spec["indices"]]
+        policy = self.sampler.module(self.models.policy)
+        # Its own generator, on the sampler's device: the trainer uses torch's global RNG at the same time.
+        device = next(policy.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(self.seed_of(spec["round"]))
+        # Its own counters, added when the buffer is handed over: a buffer regenerated after a resume counts once.
+        producer = self.producer.with_engine(self.sampler.engine, own_counters=True)
+        if self._tokenizer is None:  # its own tokenizer: a fast tokenizer is not safe to share across threads
+            self._tokenizer = copy.deepcopy(self.producer.tokenizer)
+        producer.tokenizer = self._tokenizer
+        # autocast is per thread: the sampler samples (and takes log alpha) under the training forward's precision
+        precision = self.precision()
+
+        def produce() -> tuple[list[Minibatch], dict[str, int]]:
+            # the current CUDA device is per thread: a new thread would start on cuda:0 whatever the rank
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(), precision:
+                return producer.produce(policy, None, rows, spec["round"], spec["policy_version"], generator), \
+                    producer.counters
+
+        self._job_spec = spec
+        self._job = BackgroundJob(produce, f"rollout buffer {spec['round']}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, and the buffer in flight: what regenerates it on resume (prompts, round, weights)."""
+        spec = self._job_spec or self._restore
+        in_flight = None
+        if spec is not None:
+            weights = self._restore["sampler_weights"] if self._restore else self.sampler.engine.sampler_state_dict()
+            in_flight = {**spec, "sampler_weights": weights}
+        return {**super().state_dict(), "in_flight": in_flight}
+
+    def load_state_dict(self, state: dict[str, Any], in_flight: dict[str, Any] | None) -> None:
+        self.time_rollout_s = state.get("time_rollout_s", 0.0)
+        self.time_generation_s = state.get("time_generation_s", 0.0)
+        self._restore = in_flight
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Join a buffer still in flight (bounded by ``timeout_s``), so no thread samples after the run, and give
+        the trainer back the threads it had before the first split.
+
+        A job that is still running after the wait is reported as an error in the log: its thread is a daemon,
+        so it cannot keep the process alive, but it may still be sampling.
+        """
+        if self._job is not None:
+            self._job.wait_quietly(timeout_s)
+            if not self._job.done():
+                log.error("the background sampler producing %s did not stop within %s s; its daemon thread ends "
+                          "with the process", self._job.name, timeout_s)
+            else:
+                self._job = None
+        if self._all_threads is not None and torch.get_num_threads() != self._all_threads:
+            torch.set_num_threads(self._all_threads)

@@ -1,0 +1,66 @@
+"""The sampler (behaviour policy alpha): an engine plus the version of the policy weights it holds."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from grpolab.rollout.engine import GenerationEngine
+
+
+class SamplerPolicy:
+    """Pushes the policy's weights into the engine once per refresh, and counts and times every push.
+
+    Args:
+        engine: the generation engine that samples the training rollouts.
+
+    Attributes:
+        version: the optimizer step whose weights the sampler holds (None before the first push).
+        pushes: weight pushes so far (``weight_syncs`` in ``summary.json``).
+        push_time_s: seconds spent in them.
+    """
+
+    def __init__(self, engine: GenerationEngine) -> None:
+        self.engine = engine
+        self.version: int | None = None
+        self.pushes = 0
+        self.push_time_s = 0.0
+        self._unreported_s = 0.0
+
+    def push(self, policy: Any, step: int) -> None:
+        """``engine.sync_weights(policy, step)``, unless the sampler already holds the weights of ``step``."""
+        if self.version == step and self.pushes > 0:
+            return
+        start = time.perf_counter()
+        self.engine.sync_weights(policy, step)
+        took = time.perf_counter() - start
+        self.pushes += 1
+        self.push_time_s += took
+        self._unreported_s += took
+        self.version = step
+
+    def module(self, policy: torch.nn.Module) -> torch.nn.Module:
+        """The module whose weights the sampler holds, for a trainer forward that recomputes log alpha: the engine's
+        own copy, else ``policy`` (at refresh time the live policy holds the sampler's weights)."""
+        own = self.engine.sampler_module()
+        return own if own is not None else policy
+
+    def take_push_time(self) -> float:
+        """Seconds spent pushing since the last call (the step metric ``time/weight_sync``)."""
+        took, self._unreported_s = self._unreported_s, 0.0
+        return took
+
+    def restore(self, state: dict[str, Any], like: Any) -> None:
+        """Load weights saved with a buffer in flight (``engine.load_sampler_state_dict``) and their version."""
+        self.engine.load_sampler_state_dict(state["sampler_weights"], like=like)
+        self.version = state["policy_version"]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"weight_syncs": self.pushes, "time_weight_sync_s": self.push_time_s, "sampler_version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any], default_pushes: int = 0) -> None:
+        self.pushes = state.get("weight_syncs", default_pushes)
+        self.push_time_s = state.get("time_weight_sync_s", 0.0)
+        self.version = state.get("sampler_version")
