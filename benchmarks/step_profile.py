@@ -69,7 +69,7 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
     import grpolab.module as module_mod
     import grpolab.rollout.producer as producer_mod
     import grpolab.rollout.reference as reference_mod
-    import grpolab.theorem1 as theorem1_mod
+    import grpolab.algo.theorem1 as theorem1_mod
     from grpolab.run import build
 
     torch.set_num_threads(threads)

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from grpolab.config import GRPOConfig
     from grpolab.rollout.producer import RolloutProducer
-    from grpolab.run import rollout_settings
+    from grpolab.rollout.settings import resolve_rollout
     from grpolab.warmstart import warm_start
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     model = spec._fresh(tok)
     ws = OmegaConf.to_container(cfg.model.warmstart, resolve=True)
     report = warm_start(model, tok, task.splits()["train"], seed=int(cfg.model.seed), **ws)
-    engine_args, _ = rollout_settings(cfg, algo)  # the engine's arguments without the schedule settings
+    _, engine_args, _ = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)  # engine arguments
     engine = instantiate(engine_args, stop_token_ids=spec.stop_token_ids(tok), pad_token_id=tok.pad_token_id)
     producer = RolloutProducer(algo, task, tok, engine, instantiate(cfg.verifier))
     torch.manual_seed(0)

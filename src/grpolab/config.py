@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from grpolab.algo.losses import LossConfig
-from grpolab.validation import simple_types, type_error
+from grpolab.config_checks import simple_types, type_error
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
 from grpolab.step_logging import log_step_metrics
-from grpolab.theorem1 import lower_bound_metrics
+from grpolab.algo.theorem1 import lower_bound_metrics
 
 log = logging.getLogger(__name__)
 

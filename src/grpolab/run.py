@@ -27,7 +27,7 @@ from grpolab.module import GRPOModule
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.settings import resolve_rollout
-from grpolab.validation import check_checkpoint, check_types, checkpoint_cadence_warning
+from grpolab.config_checks import check_checkpoint, check_types, checkpoint_cadence_warning
 
 log = logging.getLogger("grpolab")
 

@@ -1,5 +1,5 @@
-"""Issue 9 through the real training loop: the Theorem 1 bound after the update (item 4) and the reference
-refresh inside a rollout buffer (item 6)."""
+"""Through the real training loop: the Theorem 1 bound after the update, and the reference refresh inside a
+rollout buffer."""
 
 import math
 
@@ -45,13 +45,13 @@ def test_reference_refresh_inside_a_buffer_recomputes_the_stored_ref_log_probs(t
     parts = build(cfg)
     module, dm = parts["module"], parts["datamodule"]
     parts["trainer"].fit(module, datamodule=dm)
-    assert module.global_step == 3 and dm.position == 3 and len(dm.buffer) == 4
+    assert module.global_step == 3 and dm.buffer.position == 3 and len(dm.buffer.minibatches) == 4
     ref = module.reference
     for j in (2, 3):  # still to come after the refresh: recomputed under the new reference
-        now = batched_log_probs(ref, dm.buffer[j].tensors(), cfg.algo.temperature, None, True)
-        assert torch.equal(dm.buffer[j].ref_logp, now)
+        now = batched_log_probs(ref, dm.buffer.minibatches[j].tensors(), cfg.algo.temperature, None, True)
+        assert torch.equal(dm.buffer.minibatches[j].ref_logp, now)
     # minibatch 0 was used before the refresh: it keeps the old reference's log-probs, which differ
-    mb = dm.buffer[0]
+    mb = dm.buffer.minibatches[0]
     m = mb.completion_mask
     diff = (batched_log_probs(ref, mb.tensors(), cfg.algo.temperature, None) - mb.ref_logp)[m].abs().max()
     assert diff > 1e-5 and math.isfinite(float(diff))

@@ -64,8 +64,12 @@ def test_fsdp_with_lora_export_is_rejected_early():
     check_trainer(cfg)  # FSDP2 itself runs on this CPU (gloo)
     with pytest.raises(ValueError, match=r"trainer=fsdp with model\.lora\.r.*trainer=ddp"):
         check_trainer(cfg, export_lora=True)
-    with pytest.raises(ValueError, match=r"trainer=fsdp cannot be used with rollout=hf_copy.*rollout=hf"):
-        check_trainer(cfg, rollout_target="grpolab.rollout.copy_engine.HFSamplerCopyEngine")
+    from grpolab.rollout.copy_engine import HFSamplerCopyEngine
+    from grpolab.rollout.hf_engine import HFGenerationEngine
+
+    with pytest.raises(ValueError, match=r"trainer=fsdp cannot be used with HFSamplerCopyEngine.*rollout=hf"):
+        check_trainer(cfg, engine=HFSamplerCopyEngine)  # a sampler copy of a sharded policy
+    check_trainer(cfg, engine=HFGenerationEngine)
 
 
 def test_bf16_autocast_keeps_log_probs_and_loss_in_fp32():

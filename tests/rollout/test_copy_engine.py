@@ -41,7 +41,7 @@ def test_copy_engine_samples_from_its_copy_until_the_next_push(tiny_spec):
     assert engine.owns_weights and not HFGenerationEngine.owns_weights
     with pytest.raises(RuntimeError, match="sync_weights"):
         engine.generate(policy, prompts, SamplingParams(max_new_tokens=4))
-    engine.sync_weights(policy)
+    engine.sync_weights(policy, 0)
     params = SamplingParams(max_new_tokens=8, generator=torch.Generator().manual_seed(0))
     first = engine.generate(policy, prompts, params)
     with torch.no_grad():  # the trainer moves the live policy a lot
@@ -49,7 +49,7 @@ def test_copy_engine_samples_from_its_copy_until_the_next_push(tiny_spec):
             p.add_(torch.randn_like(p))
     params.generator.manual_seed(0)
     assert torch.equal(engine.generate(policy, prompts, params).completion_ids, first.completion_ids)
-    engine.sync_weights(policy)  # the push: the copy now equals the policy, and is still a separate module
+    engine.sync_weights(policy, 0)  # the push: the copy now equals the policy, and is still a separate module
     assert engine.sampler_model is not policy
     live = engine.validation_engine()
     params.generator.manual_seed(0)
@@ -69,18 +69,27 @@ def test_rollout_settings_split_and_validate():
                                            "async_generation": True, "max_lag": 25})
     assert args == {"_target_": "x", "generation_batch_size": None}
     k10 = GRPOConfig(steps_per_generation=10)
-    assert settings.validate(k10, owns_weights=True).push_delay(10) == 0  # 2k-1 = 19 <= 25: full overlap
+    assert settings.validate(k10, HFSamplerCopyEngine).push_delay(10) == 0  # 2k-1 = 19 <= 25: full overlap
     assert RolloutSettings(True, 14).push_delay(10) == 5  # lags 10-5 .. 19-5
     assert RolloutSettings(True, 9).push_delay(10) == 10  # no overlap: lags 0..9
-    with pytest.raises(ValueError, match="rollout.async_generation"):
-        RolloutSettings(async_generation=True).validate(k10, owns_weights=False)
-    with pytest.raises(ValueError, match="lacks .*load_sampler_state_dict"):  # owns weights, no sampler module
-        RolloutSettings(async_generation=True).validate(k10, owns_weights=True, engine=HFGenerationEngine)
-    RolloutSettings(async_generation=True).validate(k10, owns_weights=True, engine=HFSamplerCopyEngine)
+    with pytest.raises(ValueError, match="rollout.async_generation"):  # the in-place engine owns no weights
+        RolloutSettings(async_generation=True).validate(k10, HFGenerationEngine)
+    RolloutSettings(async_generation=True).validate(k10, HFSamplerCopyEngine)
     with pytest.raises(ValueError, match="rollout.max_lag"):
-        RolloutSettings(max_lag=8).validate(k10, owns_weights=True)
+        RolloutSettings(max_lag=8).validate(k10, HFSamplerCopyEngine)
     with pytest.raises(ValueError, match="rollout.generation_timeout_s"):
-        RolloutSettings(generation_timeout_s=0).validate(k10, owns_weights=True)
+        RolloutSettings(generation_timeout_s=0).validate(k10, HFSamplerCopyEngine)
+
+
+def test_an_engine_that_owns_weights_must_checkpoint_them():
+    # async resume regenerates a buffer in flight from the sampler's saved weights: an engine that owns weights
+    # without a way to save and restore them is refused when its class is defined, not mid-run
+    with pytest.raises(TypeError, match="sampler_state_dict"):
+        class _NoState(HFGenerationEngine):
+            owns_weights = True
+
+            def sync_weights(self, model, version):
+                pass
 
 
 @pytest.mark.parametrize("engine_cls,recompute,from_engine", [(HFSamplerCopyEngine, None, True),
@@ -101,7 +110,7 @@ def test_log_alpha_is_recorded_while_sampling_unless_recomputed(tiny_spec, arith
     kwargs = {} if recompute is None else {"recompute_sampler_logp": recompute}
     engine = engine_cls(tiny_spec.stop_token_ids(tok), tok.pad_token_id, **kwargs)
     policy = tiny_spec.load_policy(None)
-    engine.sync_weights(policy)
+    engine.sync_weights(policy, 0)
     producer = RolloutProducer(cfg, arithmetic_task, tok, engine, exact_reward)
     producer.needs_sampler_logp = True
     mbs = producer.produce(policy, None, arithmetic_task.splits()["train"][:4], 0, 0,

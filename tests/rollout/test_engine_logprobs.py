@@ -95,10 +95,11 @@ def test_rollout_vllm_without_vllm_names_the_install_command(tmp_path):
     from omegaconf import OmegaConf
 
     from grpolab.config import GRPOConfig
-    from grpolab.run import rollout_settings
+    from grpolab.rollout.settings import resolve_rollout
 
     with pytest.raises(ImportError, match=r'pip install -e "\.\[vllm\]"'):
-        rollout_settings(cfg, GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True)))
+        resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True),
+                        GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True)))
 
 
 def test_correction_without_an_engine_that_reports_log_probs_is_an_error(tmp_path):
@@ -112,12 +113,14 @@ def test_correction_without_an_engine_that_reports_log_probs_is_an_error(tmp_pat
 def test_async_vllm_refuses_a_recomputed_log_alpha(tmp_path):
     # checked from the config alone (vLLM need not be installed): a background buffer has no trainer-side copy
     # of the sampler's weights to recompute log alpha with
+    from omegaconf import OmegaConf
+
     from grpolab.config import GRPOConfig
-    from grpolab.run import rollout_settings
+    from grpolab.rollout.settings import resolve_rollout
 
     for extra in (["rollout.recompute_sampler_logp=true"], ["algo.vllm_importance_sampling_correction=true"]):
         cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "rollout=vllm", "algo=grpo_offpolicy",
                                            "rollout.async_generation=true", *extra])
         algo = GRPOConfig.from_dict(dict(cfg.algo))
-        with pytest.raises(ValueError, match="rollout.async_generation=true with rollout=vllm"):
-            rollout_settings(cfg, algo)
+        with pytest.raises(ValueError, match="rollout.async_generation=true with VLLMGenerationEngine"):
+            resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)

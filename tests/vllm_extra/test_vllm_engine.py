@@ -39,7 +39,7 @@ def engine_and_policy(spec):
     policy = spec.load_policy()
     engine = VLLMGenerationEngine(stop_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
                                   kv_cache_memory_bytes=KV_BYTES)
-    engine.sync_weights(policy)
+    engine.sync_weights(policy, 0)
     return engine, policy, tok
 
 
@@ -74,7 +74,7 @@ def test_engine_logp_equal_trainer_logp_after_a_push_and_the_push_changes_sample
     with pytest.raises(RuntimeError, match="stale"):  # the start-up check catches an engine that missed a push
         engine._check_push(policy)
     pushes = engine.weight_pushes
-    engine.sync_weights(policy)
+    engine.sync_weights(policy, 0)
     assert engine.weight_pushes == pushes + 1
     torch.manual_seed(0)
     after = engine.generate(policy, _prompts(tok), params)
@@ -115,14 +115,14 @@ def test_sampler_state_dict_round_trip(engine_and_policy, spec):
     engine, policy, tok = engine_and_policy
     params = SamplingParams(temperature=1.0, max_new_tokens=10)
     engine.keep_sampler_weights = True  # what the run sets with rollout.async_generation=true
-    engine.sync_weights(policy)
+    engine.sync_weights(policy, 0)
     saved = engine.sampler_state_dict()
     torch.manual_seed(5)
     before = engine.generate(policy, _prompts(tok), params)
     other = spec.load_policy()
     with torch.no_grad():
         other.model.embed_tokens.weight.mul_(-2.0)
-    engine.sync_weights(other)
+    engine.sync_weights(other, 1)
     engine.load_sampler_state_dict(saved, like=policy)
     torch.manual_seed(5)
     after = engine.generate(policy, _prompts(tok), params)
@@ -188,7 +188,7 @@ def test_a_lora_policy_is_pushed_merged(tmp_path, spec):
     train = pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"])
     lag0 = train["train/lag"] == 0
     assert (train["train/sampling/sampling_logp_difference/max"][lag0] < 1e-3).all()
-    engine.sync_weights(policy)  # the adapters after training
+    engine.sync_weights(policy, 0)  # the adapters after training
     gen = engine.generate(policy, _prompts(spec.load_tokenizer()), SamplingParams(temperature=1.0, max_new_tokens=8))
     mask = gen.completion_mask
     assert ((_trainer_logp(policy, gen, 1.0) - gen.sampler_logp).abs() * mask).max() < 1e-3

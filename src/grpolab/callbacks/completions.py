@@ -47,7 +47,7 @@ def completion_rows(batch: Any, step: int, max_rows: int | None = None) -> list[
             "step": int(step), "uid": info["uids"][i], "prompt": info["prompts"][i],
             "completion": info["completions"][i], "gold": info["answers"][i],
             "reward": None if math.isnan(reward) else float(reward), "advantage": float(advantages[i]),
-            "truncated": bool(truncated[i]), "lag": int(batch.index), "iteration": int(batch.iteration),
+            "truncated": bool(truncated[i]), "lag": int(batch.lag), "iteration": int(batch.iteration),
         })
     return rows
 

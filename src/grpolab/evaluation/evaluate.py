@@ -97,7 +97,7 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
     """
     policy = spec.load_policy(task)
     if cfg.get("ckpt_path"):
-        from grpolab.validation import check_checkpoint
+        from grpolab.config_checks import check_checkpoint
 
         path = check_checkpoint(cfg.ckpt_path)  # missing, empty or truncated: an error naming the path
         ckpt = torch.load(path, map_location="cpu", weights_only=False)

@@ -11,6 +11,7 @@ module as scored samples.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +23,10 @@ from grpolab.handle import PolicyHandle
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
-from grpolab.rollout.prompt_order import PromptOrder
+from grpolab.rollout.prompt_order import PromptOrder, check_split_sizes
 from grpolab.rollout.reference import refresh_reference
 from grpolab.rollout.refresh import AsyncRefresh, SyncRefresh
-from grpolab.rollout.resume import load_rollout_state, rollout_state
+from grpolab.rollout.resume import load_rollout_state, rollout_state, rollout_summary
 from grpolab.rollout.sampler import SamplerPolicy
 from grpolab.rollout.settings import RolloutSettings
 
@@ -39,10 +40,7 @@ class Ticket:
 
 class _Tickets(IterableDataset):
     def __iter__(self):
-        serial = 0
-        while True:
-            yield Ticket(serial)
-            serial += 1
+        return map(Ticket, itertools.count())
 
 
 def _identity(batch: Any) -> Any:
@@ -104,16 +102,7 @@ class RolloutDataModule(L.LightningDataModule):
                 splits[name][:], self.skipped_rows[name] = self.verifier.filter_rows(splits[name],
                                                                                      where=f"{self.task.name} {name}")
         rank, world = self._rank_world()
-        need = self.cfg.prompts_per_step * world
-        if len(splits["train"]) < need:
-            raise ValueError(
-                f"{self.task.name}: the training split has {len(splits['train'])} usable rows, fewer than the "
-                f"{need} distinct prompts one step needs (algo.per_device_train_batch_size="
-                f"{self.cfg.per_device_train_batch_size} / algo.num_generations={self.cfg.num_generations}"
-                + (f" x {world} processes" if world > 1 else "") + "); add rows, lower data.val_size / "
-                "data.test_size, or lower algo.per_device_train_batch_size")
-        if not splits["val"]:
-            raise ValueError("data.val_size is 0: validation needs held-out prompts")
+        check_split_sizes(self.task.name, splits, self.cfg, world)
         self.prompts = PromptOrder(len(splits["train"]), self.seed)
         strategy = AsyncRefresh if self.settings.async_generation else SyncRefresh
         extra = {"settings": self.settings} if self.settings.async_generation else {}
@@ -177,16 +166,13 @@ class RolloutDataModule(L.LightningDataModule):
         if self.refresh is not None:
             self.refresh.close(self.settings.generation_timeout_s)
 
+    def on_exception(self, exception: BaseException) -> None:
+        """A failed or interrupted fit skips ``teardown``: join the sampler here too."""
+        self.teardown()
+
     def summary(self) -> dict[str, Any]:
         """The rollout side's counters for ``summary.json``."""
-        r, counters = self.refresh, self.producer.counters
-        return {"sampler_refreshes": int(self.buffer.rounds), "weight_syncs": int(self.sampler.pushes),
-                "time_weight_sync_s": round(self.sampler.push_time_s, 4),
-                "async_generation": self.settings.async_generation,
-                "time_generation_s": round(r.time_generation_s if r else 0.0, 2),
-                "time_rollout_s": round(r.time_rollout_s if r else 0.0, 2),
-                **{k: counters.get(k, 0) for k in ("completions", "unscorable", "truncated")},
-                "skipped_unscorable_rows": dict(self.skipped_rows)}
+        return rollout_summary(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The rollout state for exact resume (a collective under DDP/FSDP: see :func:`rollout_state`)."""

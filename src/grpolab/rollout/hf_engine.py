@@ -58,10 +58,11 @@ class HFGenerationEngine(GenerationEngine):
 
     @classmethod
     def async_engine(cls) -> type[GenerationEngine]:
-        """With ``rollout.async_generation`` the sampler must own its weights: :class:`HFSamplerCopyEngine`."""
+        """With ``rollout.async_generation`` the sampler must own its weights: the in-place engine becomes
+        :class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine`; a subclass that owns its weights stays itself."""
         from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 
-        return HFSamplerCopyEngine
+        return cls if cls.owns_weights else HFSamplerCopyEngine
 
     def _config(self, params: SamplingParams) -> GenerationConfig:
         # With an explicit generator, generate() runs its greedy loop and _GeneratorSampler does the sampling.

@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+
+def check_split_sizes(task_name: str, splits: dict[str, list], cfg: Any, world: int = 1) -> None:
+    """Refuse splits too small to train on: one step needs ``prompts_per_step x world`` distinct training prompts,
+    and validation needs held-out rows.
+
+    Raises:
+        ValueError: naming the keys that change the sizes.
+    """
+    need = cfg.prompts_per_step * world
+    if len(splits["train"]) < need:
+        raise ValueError(
+            f"{task_name}: the training split has {len(splits['train'])} usable rows, fewer than the {need} distinct "
+            f"prompts one step needs (algo.per_device_train_batch_size={cfg.per_device_train_batch_size} / "
+            f"algo.num_generations={cfg.num_generations}" + (f" x {world} processes" if world > 1 else "")
+            + "); add rows, lower data.val_size / data.test_size, or lower algo.per_device_train_batch_size")
+    if not splits["val"]:
+        raise ValueError("data.val_size is 0: validation needs held-out prompts")
 
 
 class PromptOrder:

@@ -165,3 +165,15 @@ def load_rollout_state(dm: Any, state: dict[str, Any], rank: int, world: int) ->
     dm.refresh.load_state_dict(state, None if changed else state.get("in_flight"))
     dm.ref_refreshed_at = state.get("ref_refreshed_at", 0)
     dm.producer.counters.update(state.get("counters", {}))
+
+
+def rollout_summary(dm: Any) -> dict[str, Any]:
+    """The rollout side's counters of a data module, for ``summary.json``: refreshes, weight pushes (count and
+    seconds), generation and rollout seconds, completion counts and rows skipped as unscorable."""
+    refresh, counters = dm.refresh, dm.producer.counters
+    return {"sampler_refreshes": int(dm.buffer.rounds), "weight_syncs": int(dm.sampler.pushes),
+            "time_weight_sync_s": round(dm.sampler.push_time_s, 4), "async_generation": dm.settings.async_generation,
+            "time_generation_s": round(refresh.time_generation_s if refresh else 0.0, 2),
+            "time_rollout_s": round(refresh.time_rollout_s if refresh else 0.0, 2),
+            **{k: counters.get(k, 0) for k in ("completions", "unscorable", "truncated")},
+            "skipped_unscorable_rows": dict(dm.skipped_rows)}
