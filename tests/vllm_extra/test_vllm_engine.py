@@ -223,7 +223,7 @@ def test_async_generation_with_the_engine_log_probs(tmp_path):
 
 
 def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path):
-    # as tests/core/test_async.py with rollout=vllm: the checkpoint at step 4 holds buffer 2 in flight, sampled
+    # as tests/rollout/test_async.py with rollout=vllm: the checkpoint at step 4 holds buffer 2 in flight, sampled
     # from the weights of step 3; the resumed run pushes the saved weights and regenerates it identically.
     from transformers import AutoModelForCausalLM
 
