@@ -66,10 +66,10 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
+    import grpolab.algo.theorem1 as theorem1_mod
     import grpolab.module as module_mod
     import grpolab.rollout.producer as producer_mod
     import grpolab.rollout.reference as reference_mod
-    import grpolab.algo.theorem1 as theorem1_mod
     from grpolab.run import build
 
     torch.set_num_threads(threads)
@@ -121,7 +121,7 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
         def on_train_start(self, trainer, pl_module):
             producer = dm.producer
             producer.engine.generate = timed("generate", producer.engine.generate)
-            producer.reward_model = timed("reward", producer.reward_model)
+            producer.verifier = timed("reward", producer.verifier)
             producer.produce = count_tokens(producer.produce)
             opt = trainer.optimizers[0]
             opt.step = timed("optimizer", opt.step)

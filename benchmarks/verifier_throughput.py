@@ -9,7 +9,7 @@ Real data from ../shared/data (never copied into the repo):
 - ``exact``: the 1319 GSM8K test golds as completions (string comparison).
 - ``format``: the 1000 math completions wrapped in ``<think>...</think><answer>...</answer>``.
 
-Modes (``RewardModel`` settings): ``batch`` (``timeout_s=None, num_workers=0``: one call per function over the
+Modes (``Verifier`` settings): ``batch`` (``timeout_s=None, num_workers=0``: one call per function over the
 whole batch), ``thread`` (``timeout_s=10, num_workers=0``: per-completion calls under the watchdog thread),
 and ``workers=N`` (``timeout_s=10, num_workers=N``). Each mode is timed on a cold first call (worker
 start-up and empty caches included) and then on ``--repeats`` warm calls (best of them reported, since
@@ -33,7 +33,7 @@ from grpolab.verifiers.exact import ExactMatchVerifier
 from grpolab.verifiers.format import FormatVerifier
 from grpolab.verifiers.gsm8k import GSM8KVerifier
 from grpolab.verifiers.math import MathVerifier
-from grpolab.verifiers.reward import RewardModel
+from grpolab.verifiers.reward import Verifier
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -64,7 +64,7 @@ def workloads() -> dict[str, tuple[object, list[str], list[str]]]:
 def run(
     name: str, verifier: object, completions: list[str], golds: list[str], timeout_s, num_workers, repeats
 ):
-    rm = RewardModel({name: verifier}, timeout_s=timeout_s, num_workers=num_workers)
+    rm = Verifier({name: verifier}, timeout_s=timeout_s, num_workers=num_workers)
     try:
         start = time.perf_counter()
         out = rm(completions, answer=golds)

@@ -49,9 +49,9 @@ def arithmetic_task():
 @pytest.fixture
 def exact_reward():
     from grpolab.verifiers.exact import ExactMatchVerifier
-    from grpolab.verifiers.reward import RewardModel
+    from grpolab.verifiers.reward import Verifier
 
-    return RewardModel({"exact": ExactMatchVerifier()})
+    return Verifier({"exact": ExactMatchVerifier()})
 
 
 def compose_train_cfg(output_dir: Path, overrides: list[str], config_name: str = "train"):

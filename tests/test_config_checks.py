@@ -61,7 +61,7 @@ def test_a_nan_reward_names_the_step_and_the_prompt(tmp_path, tiny_spec, arithme
     from grpolab.config import GRPOConfig
     from grpolab.rollout.hf_engine import HFGenerationEngine
     from grpolab.rollout.producer import RolloutProducer
-    from grpolab.verifiers.reward import RewardModel
+    from grpolab.verifiers.reward import Verifier
 
     def nan_reward(completions, **kwargs):
         return [float("nan")] * len(completions)
@@ -70,7 +70,7 @@ def test_a_nan_reward_names_the_step_and_the_prompt(tmp_path, tiny_spec, arithme
     tok = tiny_spec.load_tokenizer()
     policy = tiny_spec.load_policy(arithmetic_task)
     engine = HFGenerationEngine(stop_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
-    producer = RolloutProducer(cfg, arithmetic_task, tok, engine, RewardModel({"nan": nan_reward}, timeout_s=None))
+    producer = RolloutProducer(cfg, arithmetic_task, tok, engine, Verifier({"nan": nan_reward}, timeout_s=None))
     rows = arithmetic_task.splits()["train"][:2]
     with pytest.raises(ValueError, match=r"step 7: reward of completion 0 \(prompt '.+'\) is nan"):
         producer.produce(policy, None, rows, round_index=0, policy_version=7)

@@ -90,13 +90,13 @@ def test_experiment_sets_top_level_training_keys(tmp_path):
 # ------------------------------------------------------------------------- tasks and verifiers on local data
 def _check_task_and_verifier(data_cfg, verifier_cfg, split, completion_of, tokenizer, max_prompt_length, rows=20):
     task = instantiate(data_cfg)
-    reward_model = instantiate(verifier_cfg)
+    verifier = instantiate(verifier_cfg)
     splits = task.splits()
     chosen = splits["train"] + splits["val"] + splits["test"] if split == "all" else splits[split]
     sample = chosen[:rows]
-    out = reward_model([completion_of(r) for r in sample], answer=[r["answer"] for r in sample])
+    out = verifier([completion_of(r) for r in sample], answer=[r["answer"] for r in sample])
     assert out.rewards == [1.0] * len(sample)  # the gold, written as the model should, is correct
-    wrong = reward_model([completion_of({**r, "answer": "123456789"}) for r in sample],
+    wrong = verifier([completion_of({**r, "answer": "123456789"}) for r in sample],
                          answer=[r["answer"] for r in sample])
     assert all(v == 0.0 for v in wrong.rewards)
     for r in sample:  # the chat-formatted prompt fits the experiment's prompt budget

@@ -23,6 +23,7 @@ from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrog
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
+from grpolab.algo.theorem1 import lower_bound_metrics
 from grpolab.config import GRPOConfig
 from grpolab.distributed import shard_models, step_denominator
 from grpolab.errors import NonFiniteLossError
@@ -31,7 +32,6 @@ from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
 from grpolab.step_logging import log_step_metrics
-from grpolab.algo.theorem1 import lower_bound_metrics
 
 log = logging.getLogger(__name__)
 

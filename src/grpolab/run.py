@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
+from grpolab.config_checks import check_checkpoint, check_types, checkpoint_cadence_warning
 from grpolab.distributed import check_trainer
 from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.lora import count_parameters, save_policy, validate_lora
@@ -27,7 +28,6 @@ from grpolab.module import GRPOModule
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.settings import resolve_rollout
-from grpolab.config_checks import check_checkpoint, check_types, checkpoint_cadence_warning
 
 log = logging.getLogger("grpolab")
 

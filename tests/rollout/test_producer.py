@@ -57,9 +57,9 @@ def test_unscorable_rows_leave_loss_and_baseline(tiny_spec, arithmetic_task):
         def __call__(self, completions, answer, **kw):
             return [None if int(a) % 2 else 1.0 for a in answer]
 
-    from grpolab.verifiers.reward import RewardModel
+    from grpolab.verifiers.reward import Verifier
 
-    prod = _producer(tiny_spec, arithmetic_task, RewardModel({"half": HalfScorable()}), truncated_reward=None)
+    prod = _producer(tiny_spec, arithmetic_task, Verifier({"half": HalfScorable()}), truncated_reward=None)
     torch.manual_seed(0)
     train = arithmetic_task.splits()["train"]
     rows = [next(r for r in train if int(r["answer"]) % 2), next(r for r in train if not int(r["answer"]) % 2)]
@@ -95,9 +95,9 @@ def test_truncated_rows_leave_the_baseline_with_mask_truncated_completions(tiny_
         def __call__(self, completions, **kw):
             return [1.0] * len(completions)
 
-    from grpolab.verifiers.reward import RewardModel
+    from grpolab.verifiers.reward import Verifier
 
-    prod = _producer(tiny_spec, arithmetic_task, RewardModel({"always": Always()}), max_completion_length=8,
+    prod = _producer(tiny_spec, arithmetic_task, Verifier({"always": Always()}), max_completion_length=8,
                      num_generations=4, per_device_train_batch_size=16, mask_truncated_completions=True,
                      scale_rewards="none")
     torch.manual_seed(0)

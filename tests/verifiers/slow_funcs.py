@@ -46,11 +46,11 @@ def raise_on_marker(completions, **kwargs):
 
 
 def score_in_child(num_workers: int):
-    """Run a RewardModel with a hanging call from inside a (daemonic) multiprocessing worker."""
-    from grpolab.verifiers.reward import RewardModel
+    """Run a Verifier with a hanging call from inside a (daemonic) multiprocessing worker."""
+    from grpolab.verifiers.reward import Verifier
 
     func = spin_on_marker if num_workers == 0 else regex_bomb_on_marker
-    rm = RewardModel({"slow": func}, timeout_s=1.0, num_workers=num_workers)
+    rm = Verifier({"slow": func}, timeout_s=1.0, num_workers=num_workers)
     try:
         out = rm(["ok", "HANG", "ok"], answer=["1", "1", "1"])
     finally:

@@ -11,14 +11,14 @@ import pytest
 from slow_funcs import regex_bomb_on_marker, spin_on_marker
 
 from grpolab.verifiers.gsm8k import GSM8KVerifier
-from grpolab.verifiers.reward import RewardModel
+from grpolab.verifiers.reward import Verifier
 
 
 def test_thread_path_cuts_the_batch_and_keeps_earlier_scores():
     # Per-call limit 0.4 s alone would let 6 hangs cost 2.4 s and score the trailing "ok" completions;
     # the batch bound of 0.6 s is hit during the 2nd hang: the 1st hang is a per-call timeout, the
     # 2nd and everything after it are batch timeouts.
-    rm = RewardModel({"slow": spin_on_marker}, timeout_s=0.4, batch_timeout_s=0.6, num_workers=0)
+    rm = Verifier({"slow": spin_on_marker}, timeout_s=0.4, batch_timeout_s=0.6, num_workers=0)
     completions = ["ok", "ok", "HANG", "HANG", "HANG", "HANG", "HANG", "HANG", "ok", "ok"]
     out = rm(completions, answer=["1"] * len(completions))
     assert out.rewards[:3] == [1.0, 1.0, None]
@@ -30,7 +30,7 @@ def test_thread_path_cuts_the_batch_and_keeps_earlier_scores():
 
 
 def test_batch_bound_alone_without_a_per_call_limit():
-    rm = RewardModel({"slow": spin_on_marker}, timeout_s=None, batch_timeout_s=0.3, num_workers=0)
+    rm = Verifier({"slow": spin_on_marker}, timeout_s=None, batch_timeout_s=0.3, num_workers=0)
     out = rm(["ok", "HANG", "ok"], answer=["1"] * 3)
     assert out.rewards == [1.0, None, None]
     assert (out.num_timeouts, out.num_batch_timeouts, out.num_unscorable) == (0, 2, 2)
@@ -38,7 +38,7 @@ def test_batch_bound_alone_without_a_per_call_limit():
 
 def test_a_cut_completion_is_cut_for_every_function_and_the_others_are_whole():
     # Completion by completion: a cut never leaves completion 0 half scored.
-    rm = RewardModel({"gsm8k": GSM8KVerifier(), "slow": spin_on_marker}, timeout_s=None, batch_timeout_s=0.3)
+    rm = Verifier({"gsm8k": GSM8KVerifier(), "slow": spin_on_marker}, timeout_s=None, batch_timeout_s=0.3)
     out = rm(["#### 1", "#### 1 HANG", "#### 1"], answer=["1"] * 3)
     assert out.per_func["gsm8k"][0] == 1.0 and out.per_func["slow"][0] == 1.0
     assert out.rewards == [2.0, None, None]
@@ -47,7 +47,7 @@ def test_a_cut_completion_is_cut_for_every_function_and_the_others_are_whole():
 def test_worker_processes_kill_a_hang_at_the_batch_bound():
     # A hang inside one C call (regex backtracking) with no per-call limit: only the batch bound stops it.
     # The bound includes worker start-up, so the worker is started first; the hang would run for centuries.
-    rm = RewardModel({"slow": regex_bomb_on_marker}, timeout_s=None, batch_timeout_s=3.0, num_workers=1)
+    rm = Verifier({"slow": regex_bomb_on_marker}, timeout_s=None, batch_timeout_s=3.0, num_workers=1)
     try:
         rm(["warm up"], answer=["1"])  # start the worker outside the measured batch
         out = rm(["ok", "HANG", "ok"], answer=["1"] * 3)
@@ -62,4 +62,4 @@ def test_worker_processes_kill_a_hang_at_the_batch_bound():
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), "abc"])
 def test_bad_batch_timeout_names_the_key(bad):
     with pytest.raises(ValueError, match="verifier.batch_timeout_s"):
-        RewardModel({"gsm8k": GSM8KVerifier()}, batch_timeout_s=bad)
+        Verifier({"gsm8k": GSM8KVerifier()}, batch_timeout_s=bad)

@@ -30,7 +30,7 @@ from grpolab.tasks.gsm8k import gsm8k_gold
 from grpolab.tasks.loading import strip_calculator_annotations
 from grpolab.verifiers.gsm8k import GSM8KVerifier
 from grpolab.verifiers.math import MathVerifier
-from grpolab.verifiers.reward import RewardModel
+from grpolab.verifiers.reward import Verifier
 
 
 def _jsonl(path, n):
@@ -96,7 +96,7 @@ def test_gsm8k_a_cut_off_completion_does_not_earn_the_reward_through_its_last_nu
     texts = [r["body"] for r in rows]
     assert v(texts, answer=golds, truncated=[True] * len(rows)) == [0.0] * len(rows)
     # Through the reward model with the default config's policy (on_truncated: score), as in training.
-    rm = RewardModel({"gsm8k": GSM8KVerifier()}, timeout_s=None, on_truncated="score")
+    rm = Verifier({"gsm8k": GSM8KVerifier()}, timeout_s=None, on_truncated="score")
     assert rm(texts, answer=golds, truncated=[True] * len(rows)).rewards == [0.0] * len(rows)
     # A cut-off completion that did write its marker keeps its reward.
     marked = [f"{t}\n#### {g}\nLet me double" for t, g in zip(texts, golds, strict=True)]

@@ -2,7 +2,7 @@
 
 GSM8K: all 1319 test and 7473 train golds (the verifier is fast). MATH-500: all 500 answers, in the
 ``\\boxed{}`` format the math instruction asks for, plus each row's reference solution; scored through
-``RewardModel`` with 2 worker processes (about half the wall time of in-process scoring on 2 cores, and
+``Verifier`` with 2 worker processes (about half the wall time of in-process scoring on 2 cores, and
 it exercises the worker path on real data).
 """
 
@@ -17,7 +17,7 @@ from grpolab.tasks.gsm8k import gsm8k_gold
 from grpolab.tasks.loading import strip_calculator_annotations
 from grpolab.verifiers.gsm8k import GSM8KVerifier
 from grpolab.verifiers.math import MathVerifier
-from grpolab.verifiers.reward import RewardModel
+from grpolab.verifiers.reward import Verifier
 
 
 def _jsonl(path):
@@ -90,7 +90,7 @@ def math_scores(shared_data):
         + [f"Let me think step by step.\nThe final answer is $\\boxed{{{perturb(g)}}}$." for g in golds]
         + [r["solution"] for r in rows]
     )
-    rm = RewardModel({"math": MathVerifier()}, timeout_s=60.0, num_workers=2)
+    rm = Verifier({"math": MathVerifier()}, timeout_s=60.0, num_workers=2)
     try:
         out = rm(completions, answer=golds * 3)
     finally:

@@ -13,7 +13,7 @@ import pytest
 from slow_funcs import exit_on_marker, raise_on_marker, regex_bomb_on_marker, score_in_child, spin_on_marker
 
 from grpolab.verifiers.math import MathVerifier
-from grpolab.verifiers.reward import RewardModel
+from grpolab.verifiers.reward import Verifier
 
 
 def _in_thread(fn):
@@ -48,7 +48,7 @@ def _wait_no_reward_threads(limit_s: float = 5.0) -> bool:
 
 # ------------------------------------------------------------------------------ watchdog thread (0 workers)
 def test_thread_watchdog_cuts_a_python_hang_off_the_main_thread():
-    rm = RewardModel({"slow": spin_on_marker}, timeout_s=0.5, num_workers=0)
+    rm = Verifier({"slow": spin_on_marker}, timeout_s=0.5, num_workers=0)
     start = time.perf_counter()
     out = _in_thread(lambda: rm(["ok", "HANG", "ok", "ok"], answer=["1"] * 4))
     assert time.perf_counter() - start < 5.0
@@ -60,7 +60,7 @@ def test_thread_watchdog_cuts_a_python_hang_off_the_main_thread():
 
 def test_thread_watchdog_cuts_a_slow_math_verify_comparison():
     """A real pathological answer: sympy needs ~20 s to compare (x+1)^1000 with 5 (pure Python)."""
-    rm = RewardModel({"math": MathVerifier()}, timeout_s=1.0, num_workers=0)
+    rm = Verifier({"math": MathVerifier()}, timeout_s=1.0, num_workers=0)
     start = time.perf_counter()
     out = _in_thread(lambda: rm([r"$\boxed{(x+1)^{1000}}$", r"$\boxed{5}$"], answer=["5", "5"]))
     assert time.perf_counter() - start < 8.0
@@ -72,7 +72,7 @@ def test_thread_watchdog_cuts_a_slow_math_verify_comparison():
 # ----------------------------------------------------------------------------------------- worker processes
 def test_worker_processes_cut_a_hang_inside_c_code_and_recover():
     """A regex bomb holds the GIL inside C: no thread can interrupt it, killing the worker can."""
-    rm = RewardModel({"slow": regex_bomb_on_marker}, timeout_s=1.0, num_workers=1)
+    rm = Verifier({"slow": regex_bomb_on_marker}, timeout_s=1.0, num_workers=1)
     try:
         rm(["warm-up"], answer=["1"])  # start the worker outside the timed part
         start = time.perf_counter()
@@ -87,7 +87,7 @@ def test_worker_processes_cut_a_hang_inside_c_code_and_recover():
 
 
 def test_a_dying_worker_is_counted_and_replaced():
-    rm = RewardModel({"die": exit_on_marker}, timeout_s=10.0, num_workers=1)
+    rm = Verifier({"die": exit_on_marker}, timeout_s=10.0, num_workers=1)
     try:
         out = rm(["ok", "DIE", "ok"], answer=["1"] * 3)
         assert out.rewards == [1.0, None, 1.0]
@@ -98,7 +98,7 @@ def test_a_dying_worker_is_counted_and_replaced():
 
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_raising_reward_function_is_an_error_naming_it(num_workers):
-    rm = RewardModel({"buggy": raise_on_marker}, timeout_s=10.0, num_workers=num_workers)
+    rm = Verifier({"buggy": raise_on_marker}, timeout_s=10.0, num_workers=num_workers)
     try:
         with pytest.raises(RuntimeError, match=r"'buggy' raised on completion 1:(.|\n)*ZeroDivisionError"):
             rm(["ok", "BUG"], answer=["1", "1"])
@@ -119,4 +119,4 @@ def test_time_limit_works_inside_a_daemonic_worker_process(num_workers):
 
 def test_unpicklable_functions_are_refused_for_workers():
     with pytest.raises(TypeError, match="picklable"):
-        RewardModel({"f": lambda completions, **kw: [1.0] * len(completions)}, num_workers=1)
+        Verifier({"f": lambda completions, **kw: [1.0] * len(completions)}, num_workers=1)

@@ -58,14 +58,14 @@ def default_ks(n: int) -> list[int]:
     return ks + [n]
 
 
-def answer_extractor(reward_model: Any):
+def answer_extractor(verifier: Any):
     """A function ``completion text -> hashable answer | None`` used to group votes for maj@k.
 
     The first reward function with an ``extract`` method decides (GSM8K: the exact decimal). For a math
     verifier the last ``\\boxed{}`` of the final-answer region, whitespace removed. Otherwise (exact match)
     the stripped final-answer region. ``None`` = no answer (abstains from the vote).
     """
-    funcs = dict(getattr(reward_model, "reward_funcs", {}) or {})
+    funcs = dict(getattr(verifier, "reward_funcs", {}) or {})
     for func in funcs.values():
         if callable(getattr(func, "extract", None)):
             def from_extract(text: str, _f=func) -> str | None:
@@ -323,7 +323,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     benchmark = e.get("dataset")
     task = instantiate(cfg.eval_datasets[benchmark] if benchmark else cfg.data)
     split = "all" if benchmark else e.split
-    reward_model = instantiate(cfg.verifier)
+    verifier = instantiate(cfg.verifier)
     spec = instantiate(cfg.model)
     rows = select_rows(task, split, e.max_prompts)
     run = _run_folder(cfg)
@@ -334,8 +334,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     engine_args, _ = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
     engine = instantiate(engine_args, stop_token_ids=spec.stop_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
     engine.sync_weights(policy, 0)  # an engine that owns its weights samples from its copy
-    producer = RolloutProducer(build_sampling(cfg), task, tokenizer, engine, reward_model, needs_sampler_logp=False)
-    extract = answer_extractor(reward_model)
+    producer = RolloutProducer(build_sampling(cfg), task, tokenizer, engine, verifier, needs_sampler_logp=False)
+    extract = answer_extractor(verifier)
     torch.manual_seed(int(e.seed))  # after the model is built (building one may reseed the global RNG)
     records: list[dict] = []
     bs = int(e.batch_size)
@@ -353,7 +353,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "model": str(getattr(spec, "source", OmegaConf.select(cfg, "model._target_"))),
         "ckpt_path": cfg.get("ckpt_path"),
         "data": str(OmegaConf.select(cfg, "data._target_")),
-        "verifier": list(getattr(reward_model, "names", [])),
+        "verifier": list(getattr(verifier, "names", [])),
         "dataset": benchmark,
         "split": split,
         "seed": int(cfg.seed),

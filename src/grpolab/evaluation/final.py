@@ -73,7 +73,7 @@ def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_s
     was_training = policy.training
     policy.eval()
     torch.manual_seed(seed)
-    extract = answer_extractor(producer.reward_model)
+    extract = answer_extractor(producer.verifier)
     records: list[dict] = []
     try:
         for s in range(0, len(rows), batch_size):

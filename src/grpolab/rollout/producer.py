@@ -45,7 +45,7 @@ class RolloutProducer:
         task: the task (prompt formatting).
         tokenizer: the policy's tokenizer.
         engine: a :class:`~grpolab.rollout.engine.GenerationEngine`.
-        reward_model: a callable ``(completions, **columns) -> RewardOutput`` (``.rewards``, ``.per_func``).
+        verifier: a callable ``(completions, **columns) -> RewardOutput`` (``.rewards``, ``.per_func``).
         needs_sampler_logp: store log alpha with every minibatch (needed whenever a minibatch can be trained at a
             lag > 0); None = ``cfg.reuses_samples``.
 
@@ -57,13 +57,13 @@ class RolloutProducer:
     it). The engine's values are kept in ``mb.engine_logp`` either way (the mismatch metrics read them).
     """
 
-    def __init__(self, cfg: GRPOConfig, task: Any, tokenizer: Any, engine: GenerationEngine, reward_model: Any,
+    def __init__(self, cfg: GRPOConfig, task: Any, tokenizer: Any, engine: GenerationEngine, verifier: Any,
                  needs_sampler_logp: bool | None = None):
         self.cfg = cfg
         self.task = task
         self.tokenizer = tokenizer
         self.engine = engine
-        self.reward_model = reward_model
+        self.verifier = verifier
         self.counters = {"unscorable": 0, "truncated": 0, "completions": 0}
         self._lock = threading.Lock()  # a background sampler and validation may both count
         # log alpha is stored whenever a minibatch can be trained at a lag > 0: sample reuse (k > 1 or i > 1), or
@@ -114,7 +114,7 @@ class RolloutProducer:
                  for ids, m in zip(gen.completion_ids, gen.completion_mask)]
         columns = {k: [r.get(k) for r in rep_rows] for k in rep_rows[0] if k not in ("prompt",)}
         columns["truncated"] = gen.truncated.tolist()
-        scored = self.reward_model(texts, **columns)
+        scored = self.verifier(texts, **columns)
         rewards = [math.nan if v is None else float(v) for v in scored.rewards]
         for i, (v, raw) in enumerate(zip(rewards, scored.rewards)):
             if raw is not None and not math.isfinite(v):  # None is the only way to say "unscorable"

@@ -23,7 +23,7 @@ What this adds to ``math_verify.parse`` / ``math_verify.verify``, and why:
 - **Sizes are bounded.** Power towers (``9^{9^{9^9}}``), huge exponents and factorials make sympy compute
   for hours inside a single C call, where no in-process timeout can interrupt it; such predictions are
   refused (0.0) before comparison. Anything else that is slow is cut by
-  :class:`grpolab.verifiers.reward.RewardModel`'s time limit (math-verify's own ``signal.alarm`` timeout
+  :class:`grpolab.verifiers.reward.Verifier`'s time limit (math-verify's own ``signal.alarm`` timeout
   is disabled here: it fails off the main thread).
 """
 
@@ -57,7 +57,7 @@ _TRAILING_PERIOD_RE = re.compile(r"(?<!\\)\.\s*$")
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):
-    """math-verify warns once that its timeout is off; ours is in RewardModel, so drop that line."""
+    """math-verify warns once that its timeout is off; ours is in Verifier, so drop that line."""
 
     def filter(self, record: logging.LogRecord) -> bool:  # noqa: D102 - logging API
         return not str(record.msg).startswith("Timeout is disabled")

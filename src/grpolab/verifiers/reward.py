@@ -1,4 +1,4 @@
-"""The reward model: named reward functions, weights, time limits and counting of what could not be scored.
+"""The verifier: named reward functions, weights, time limits and counting of what could not be scored.
 
 A reward function is any callable with TRL's signature,
 ``func(completions: list[str], **columns) -> list[float | None]``, where the gold answer is the ``answer``
@@ -10,7 +10,7 @@ as correct (pitfalls.md #12): a row with ``None`` from any function of nonzero w
 Example (plain Python, no Hydra):
 
     >>> from grpolab.verifiers.gsm8k import GSM8KVerifier
-    >>> rm = RewardModel({"gsm8k": GSM8KVerifier()}, timeout_s=None)
+    >>> rm = Verifier({"gsm8k": GSM8KVerifier()}, timeout_s=None)
     >>> rm(["#### 18", "#### 7"], answer=["18", "18"]).rewards
     [1.0, 0.0]
 """
@@ -73,7 +73,7 @@ class RewardOutput:
         return out
 
 
-class RewardModel:
+class Verifier:
     """Several reward functions combined with weights, each call run under a time limit.
 
     Instantiable from Hydra (``conf/verifier/*.yaml``): ``reward_funcs`` maps names to instantiated
@@ -316,7 +316,7 @@ class RewardModel:
 
     def __repr__(self) -> str:
         return (
-            f"RewardModel(funcs={self.names}, weights={self.reward_weights}, timeout_s={self.timeout_s}, "
+            f"Verifier(funcs={self.names}, weights={self.reward_weights}, timeout_s={self.timeout_s}, "
             f"batch_timeout_s={self.batch_timeout_s}, "
             f"num_workers={self.num_workers}, on_truncated={self.on_truncated!r})"
         )

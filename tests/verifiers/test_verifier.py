@@ -1,4 +1,4 @@
-"""RewardModel: weights, unscorable rows, the truncation policy, Hydra configs, gold checks."""
+"""Verifier: weights, unscorable rows, the truncation policy, Hydra configs, gold checks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from grpolab.verifiers.format import FormatVerifier
 from grpolab.verifiers.gsm8k import GSM8KVerifier
 from grpolab.verifiers.math import MathVerifier
-from grpolab.verifiers.reward import RewardModel, RewardOutput
+from grpolab.verifiers.reward import RewardOutput, Verifier
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "verifier"
 
@@ -29,7 +29,7 @@ def fixed(values):
 
 
 def test_weighted_sum_and_none_propagation():
-    rm = RewardModel(
+    rm = Verifier(
         {"a": fixed([1.0, None, 0.0]), "b": fixed([1.0, 1.0, None])}, {"a": 1.0, "b": 0.5}, timeout_s=None
     )
     out = rm(["x", "y", "z"], answer=["1", "1", "1"])
@@ -43,14 +43,14 @@ def test_weighted_sum_and_none_propagation():
 
 
 def test_zero_weight_function_is_logged_but_cannot_make_a_row_unscorable():
-    rm = RewardModel({"a": fixed([1.0, 0.0]), "b": fixed([None, None])}, {"a": 1.0, "b": 0.0}, timeout_s=None)
+    rm = Verifier({"a": fixed([1.0, 0.0]), "b": fixed([None, None])}, {"a": 1.0, "b": 0.0}, timeout_s=None)
     out = rm(["x", "y"], answer=["1", "1"])
     assert out.rewards == [1.0, 0.0]
     assert math.isnan(out.metrics()["rewards/b/mean"])
 
 
 def test_default_weights_are_one():
-    rm = RewardModel({"a": fixed([1.0]), "b": fixed([0.5])}, timeout_s=None)
+    rm = Verifier({"a": fixed([1.0]), "b": fixed([0.5])}, timeout_s=None)
     assert rm(["x"], answer=["1"]).rewards == [1.5]
 
 
@@ -74,22 +74,22 @@ def test_default_weights_are_one():
 )
 def test_configuration_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        RewardModel(**kwargs)
+        Verifier(**kwargs)
 
 
 def test_columns_must_be_aligned_with_completions():
-    rm = RewardModel({"gsm8k": GSM8KVerifier()}, timeout_s=None)
+    rm = Verifier({"gsm8k": GSM8KVerifier()}, timeout_s=None)
     with pytest.raises(ValueError, match="'answer' has 1 values for 2 completions"):
         rm(["#### 1", "#### 2"], answer=["1"])
     with pytest.raises(ValueError, match="returned 1 values for 2"):
-        RewardModel({"bad": fixed([1.0])}, timeout_s=None)(["a", "b"], answer=["1", "2"])
+        Verifier({"bad": fixed([1.0])}, timeout_s=None)(["a", "b"], answer=["1", "2"])
 
 
 @pytest.mark.parametrize(
     "policy, expected", [("score", [1.0, 1.0]), ("zero", [1.0, 0.0]), ("unscorable", [1.0, None])]
 )
 def test_truncation_policy(policy, expected):
-    rm = RewardModel({"gsm8k": GSM8KVerifier()}, timeout_s=None, on_truncated=policy)
+    rm = Verifier({"gsm8k": GSM8KVerifier()}, timeout_s=None, on_truncated=policy)
     # The truncated completion wrote its marker (without one it would score 0: no last-number fallback).
     out = rm(["#### 18", "9 * 2 = 18\n#### 18\nSo she"], answer=["18", "18"], truncated=[False, True])
     assert out.rewards == expected
@@ -110,7 +110,7 @@ def test_every_execution_mode_gives_the_same_rewards(shared_data):
     weights = {"math": 1.0, "format": 0.1}
     results = []
     for timeout_s, num_workers in [(None, 0), (30.0, 0), (30.0, 1)]:
-        rm = RewardModel(funcs, weights, timeout_s=timeout_s, num_workers=num_workers)
+        rm = Verifier(funcs, weights, timeout_s=timeout_s, num_workers=num_workers)
         try:
             results.append(rm(completions, answer=golds, uid=[str(i) for i in range(len(golds))]))
         finally:
@@ -123,7 +123,7 @@ def test_every_execution_mode_gives_the_same_rewards(shared_data):
 def test_hydra_configs_instantiate_and_score():
     for path in sorted(CONF.glob("*.yaml")):
         rm = instantiate(OmegaConf.load(path))
-        assert isinstance(rm, RewardModel), path.name
+        assert isinstance(rm, Verifier), path.name
         for name, func in rm.reward_funcs.items():
             assert callable(func) and getattr(func, "name", None) == name, (path.name, name)
     rm = instantiate(OmegaConf.load(CONF / "math_format.yaml"))
@@ -141,7 +141,7 @@ def test_verifiers_work_standalone_with_trl_keywords():
 
 
 def test_copies_do_not_share_worker_processes():
-    rm = RewardModel({"gsm8k": GSM8KVerifier()}, timeout_s=5.0, num_workers=1)
+    rm = Verifier({"gsm8k": GSM8KVerifier()}, timeout_s=5.0, num_workers=1)
     try:
         assert rm(["#### 1"], answer=["1"]).rewards == [1.0]
         clone = copy.deepcopy(rm)
@@ -154,7 +154,7 @@ def test_copies_do_not_share_worker_processes():
 
 def test_filter_rows_skips_and_counts_unparseable_golds():
     rows = [{"uid": "a", "answer": "1"}, {"uid": "b", "answer": "n/a"}, {"uid": "c", "answer": "-3"}]
-    rm = RewardModel({"gsm8k": GSM8KVerifier(), "format": FormatVerifier()}, timeout_s=None)
+    rm = Verifier({"gsm8k": GSM8KVerifier(), "format": FormatVerifier()}, timeout_s=None)
     assert rm.unscorable_golds([r["answer"] for r in rows]) == [1]
     kept, skipped = rm.filter_rows(rows, "gsm8k train")
     assert [r["uid"] for r in kept] == ["a", "c"] and skipped == 1
@@ -162,5 +162,5 @@ def test_filter_rows_skips_and_counts_unparseable_golds():
         rm.filter_rows([{"uid": "b", "answer": "n/a"}], "gsm8k train")
     with pytest.raises(ValueError, match="row 1 has no 'answer' column"):
         rm.filter_rows([{"uid": "a", "answer": "1"}, {"uid": "b", "gold": "2"}], "gsm8k train")
-    math_rm = RewardModel({"math": MathVerifier()}, timeout_s=None)
+    math_rm = Verifier({"math": MathVerifier()}, timeout_s=None)
     assert math_rm.unscorable_golds([r"\frac{1}{2}", r"\frac{1}{", "-2,1"]) == [1]
