@@ -1,7 +1,8 @@
 """Typed, validated algorithm settings (the ``algo`` config group without the optimizer partials).
 
 Field names follow TRL's ``GRPOConfig`` where TRL has one. Every check raises a ``ValueError`` naming the
-``algo.<key>`` at fault, before any model is built.
+``algo.<key>`` at fault, before any model is built. The loss settings (``epsilon``, ``clip_mode``, ``loss_type``,
+...) are inherited from :class:`~grpolab.algo.loss_config.LossConfig`, which declares and validates them.
 """
 
 from __future__ import annotations
@@ -10,21 +11,31 @@ import logging
 import math
 import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
-from grpolab.algo.losses import LossConfig
+from grpolab.algo.loss_config import LossConfig
 from grpolab.config_checks import simple_types, type_error
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class GRPOConfig:
-    """GRPO knobs. See ``conf/algo/base.yaml`` for one comment per value.
+class GRPOConfig(LossConfig):
+    """GRPO knobs: the loss settings of :class:`~grpolab.algo.loss_config.LossConfig` plus sampling, batching,
+    masking and optimisation. See ``conf/algo/base.yaml`` for one comment per value.
 
     The paper's ``v`` (sampler refresh period) is ``steps_per_generation``; its ``i`` (gradient steps per
-    sampled minibatch) is ``num_iterations`` (paper.md §2.3).
+    sampled minibatch) is ``num_iterations``. Being a ``LossConfig``, an instance is passed as it is to
+    :func:`~grpolab.algo.losses.grpo_loss`.
+
+    Raises:
+        ValueError: naming ``algo.<key>`` for any invalid value (types first, then ranges, then the loss
+            settings).
     """
+
+    # Written to summary.json beside ``algo`` (the name) and every LossConfig field, by :meth:`summary`.
+    SUMMARY_KEYS: ClassVar[tuple[str, ...]] = ("steps_per_generation", "num_iterations", "mask_zero_std_groups",
+                                               "learning_rate")
 
     name: str = "grpo_onpolicy"
     num_generations: int = 8
@@ -36,21 +47,12 @@ class GRPOConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_prompt_length: int | None = None
-    max_completion_length: int = 8
+    max_completion_length: int = 8  # also a LossConfig field (dr_grpo's L_max); here a generation limit, never null
     scale_rewards: str = "group"
     advantage_epsilon: float = 1e-4
     mask_zero_std_groups: bool = False
     mask_truncated_completions: bool = False
     truncated_reward: float | None = 0.0
-    beta: float = 0.0
-    kl_estimator: str = "k3"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    clip_mode: str = "ppo"
-    importance_sampling_level: str = "token"
-    ratio_reference: str = "sampler"
-    importance_weight_cap: float | None = None
-    loss_type: str = "bnpo"
     ref_refresh_every: int | None = None
     lower_bound_every: int | None = 10
     zero_std_threshold: float = 0.0
@@ -90,7 +92,6 @@ class GRPOConfig:
             need(self.max_prompt_length >= 1, "max_prompt_length", "must be >= 1 or null")
         need(self.scale_rewards in ("group", "batch", "none"), "scale_rewards", "must be group|batch|none")
         need(self.advantage_epsilon >= 0, "advantage_epsilon", "must be >= 0")
-        need(self.beta >= 0, "beta", "must be >= 0")
         if self.truncated_reward is not None:
             need(math.isfinite(self.truncated_reward), "truncated_reward", "must be a finite number or null")
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
@@ -110,7 +111,7 @@ class GRPOConfig:
              and math.isfinite(self.vllm_importance_sampling_cap) and self.vllm_importance_sampling_cap >= 1.0,
              "vllm_importance_sampling_cap", "must be a finite number >= 1 (TRL default 3.0)")
         need(isinstance(self.shared_prompt_forward, bool), "shared_prompt_forward", "must be true or false")
-        self.loss_config()  # validates epsilon, epsilon_high, clip_mode, kl_estimator, loss_type, ...
+        super().__post_init__()  # the loss settings: epsilon, clip_mode, loss_type, importance_weight_cap, ...
         if self.kl_estimator == "k1" and self.beta > 0:
             log.warning("algo.kl_estimator=k1 with algo.beta=%s: as a loss term k1 = logp - ref_logp has zero "
                         "expected gradient (its gradient is the score function), so the KL penalty does not pull "
@@ -127,14 +128,11 @@ class GRPOConfig:
         """True when a minibatch is not trained on exactly once at lag 0, so sampler log-probs are needed."""
         return self.steps_per_generation > 1 or self.num_iterations > 1
 
-    def loss_config(self) -> LossConfig:
-        """The :class:`~grpolab.algo.losses.LossConfig` for these settings."""
-        return LossConfig(epsilon=self.epsilon, epsilon_high=self.epsilon_high, clip_mode=self.clip_mode,
-                          importance_sampling_level=self.importance_sampling_level,
-                          ratio_reference=self.ratio_reference, beta=self.beta,
-                          importance_weight_cap=self.importance_weight_cap,
-                          kl_estimator=self.kl_estimator, loss_type=self.loss_type,
-                          max_completion_length=self.max_completion_length)
+    def summary(self) -> dict[str, Any]:
+        """The settings written to ``summary.json``: ``algo`` (the name), :attr:`SUMMARY_KEYS`, then every
+        :class:`~grpolab.algo.loss_config.LossConfig` field."""
+        loss_keys = [f.name for f in fields(LossConfig)]
+        return {"algo": self.name, **{k: getattr(self, k) for k in (*self.SUMMARY_KEYS, *loss_keys)}}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:

@@ -1,54 +1,18 @@
 """Small helpers for multi-process training on existing engines (PyTorch DDP / FSDP2 through Lightning).
 
-Nothing here implements data parallelism: it only decides how the loss is normalised across ranks (TRL's
-semantics) and how full weights are read out of a wrapped or sharded policy, one module at a time.
+Nothing here implements data parallelism: it reads full weights out of a wrapped or sharded policy, one
+module at a time, and checks the trainer config. How the loss is normalised across ranks is declared by each
+aggregation (:func:`grpolab.algo.aggregation.step_denominator`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
-
-from grpolab.algo.losses import loss_denominator
-
-
-def step_denominator(loss_mask: Tensor, loss_type: str, max_completion_length: int | None, world_size: int = 1,
-                     sum_over_ranks: Callable[[float], float] | None = None) -> float:
-    """The loss normaliser of one optimizer step on this rank, such that DDP's gradient AVERAGE over
-    ``world_size`` ranks gives TRL's gradient.
-
-    * ``dapo``: the token count is summed over ranks and divided by ``world_size`` (TRL:
-      ``num_items_in_batch / num_processes``); after DDP averages, the gradient is the GLOBAL token mean,
-      identical to one process holding the whole global batch.
-    * ``grpo``, ``bnpo``, ``dr_grpo``: normalised per rank (:func:`~grpolab.algo.losses.loss_denominator`
-      on the local batch), then DDP averages the ranks' gradients (TRL's behaviour).
-
-    Args:
-        loss_mask: ``[B, T]`` loss mask of this rank's step batch (all micro-batches).
-        loss_type: ``grpo`` | ``bnpo`` | ``dr_grpo`` | ``dapo``.
-        max_completion_length: required for ``dr_grpo``.
-        world_size: number of data-parallel ranks (>= 1).
-        sum_over_ranks: all-reduce (sum) of a Python float across ranks; required when ``world_size > 1``
-            and ``loss_type == "dapo"``.
-
-    Returns:
-        The denominator (float >= 0) to pass to :func:`~grpolab.algo.losses.grpo_loss`.
-
-    Raises:
-        ValueError: ``world_size < 1``, or ``dapo`` on several ranks without ``sum_over_ranks``.
-    """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    local = loss_denominator(loss_mask, loss_type, max_completion_length)
-    if loss_type != "dapo" or world_size == 1:
-        return local
-    if sum_over_ranks is None:
-        raise ValueError("loss_type 'dapo' on several ranks needs sum_over_ranks (the global token count)")
-    return float(sum_over_ranks(local)) / world_size
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -19,13 +19,14 @@ import lightning as L
 import torch
 
 from grpolab.algo.advantages import group_reward_summary
+from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate, weight_quantiles
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
 from grpolab.algo.theorem1 import lower_bound_metrics
 from grpolab.config import GRPOConfig
-from grpolab.distributed import shard_models, step_denominator
+from grpolab.distributed import shard_models
 from grpolab.errors import NonFiniteLossError
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
@@ -64,7 +65,6 @@ class GRPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.model_spec = model
         self.cfg = cfg
-        self.loss_cfg = cfg.loss_config()
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.task = task
@@ -143,11 +143,12 @@ class GRPOModule(L.LightningModule):
             weights = None
             if c.vllm_importance_sampling_correction and rows["engine_logp"] is not None:  # TRL's truncated IS
                 weights = truncated_importance_weights(sampler, rows["engine_logp"], c.vllm_importance_sampling_cap)
-            loss, st = grpo_loss(logp, sampler, anchor, rows["advantages"], rows["loss_mask"], self.loss_cfg,
+            loss, st = grpo_loss(logp, sampler, anchor, rows["advantages"], rows["loss_mask"], c,
                                  denominator, rows["ref_logp"], token_weights=weights)
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(f"step {step}: loss is {loss.item()} in micro-batch starting at row {s} "
-                                         f"(ratio max {float(st['ratio_max'])}, kl sum {float(st.get('kl_sum', 0))})")
+                                         f"(ratio max {float(st.get('ratio_max', math.nan))}, "
+                                         f"kl sum {float(st.get('kl_sum', 0))})")
             with self._no_sync(last=s + size >= n):  # all-reduce gradients once, after the last micro-batch
                 self.manual_backward(loss)
             total += float(loss.detach())

@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import TINY_ARCH
 
+from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.losses import LossConfig, grpo_loss
-from grpolab.distributed import step_denominator
 from grpolab.models import build_char_tokenizer, random_qwen2
 from grpolab.rollout.forward import completion_log_probs
 

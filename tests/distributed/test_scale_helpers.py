@@ -6,8 +6,9 @@ import torch
 from conftest import TINY_ARCH
 from omegaconf import OmegaConf
 
+from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.losses import LossConfig, grpo_loss
-from grpolab.distributed import check_devices, check_trainer, iter_full_parameters, step_denominator
+from grpolab.distributed import check_devices, check_trainer, iter_full_parameters
 from grpolab.models import TinyCharModel
 from grpolab.rollout.forward import completion_log_probs
 

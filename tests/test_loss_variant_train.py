@@ -1,0 +1,35 @@
+"""A policy-loss variant registered outside src/ trains end to end when selected with algo.clip_mode: its
+own stats reach metrics.csv and its name reaches summary.json."""
+
+import json
+
+import pandas as pd
+import torch
+from conftest import FAST_OVERRIDES, compose_train_cfg
+
+from grpolab.algo import register_policy_loss
+from grpolab.algo.policy_loss import POLICY_LOSSES
+from grpolab.run import run_training
+
+
+def _reinforce_with_drop(inp, cfg):
+    """REINFORCE, dropping the tokens whose pi/alpha is above 1.5 (counted in ``drop_sum``)."""
+    keep = inp.mask & ((inp.logp - inp.sampler_logp).exp() <= 1.5)
+    per_token = torch.where(keep, -inp.advantages * inp.logp, torch.zeros_like(inp.logp))
+    return per_token, {"drop_sum": (inp.mask & ~keep).sum().to(inp.logp.dtype).detach()}
+
+
+def test_registered_variant_trains_from_the_command_line_key(tmp_path):
+    register_policy_loss("toy_drop")(_reinforce_with_drop)
+    try:
+        cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "algo.clip_mode=toy_drop", "trainer.max_steps=2",
+                                           "val.at_start=false", "save_policy=false",
+                                           "trainer.val_check_interval=100"])
+        run_training(cfg)
+    finally:
+        POLICY_LOSSES.pop("toy_drop")
+    metrics = pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"])
+    # on-policy at lag 0 every pi/alpha is 1: nothing dropped, and the clipped variants' ratio stats are absent
+    assert len(metrics) == 2 and (metrics["train/drop_mean"] == 0.0).all()
+    assert (metrics["train/num_loss_tokens"] > 0).all() and "train/ratio/mean" not in metrics.columns
+    assert json.loads((tmp_path / "summary.json").read_text())["clip_mode"] == "toy_drop"
