@@ -2,32 +2,39 @@
 own stats reach metrics.csv and its name reaches summary.json."""
 
 import json
+import sys
 
 import pandas as pd
-import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.algo import register_policy_loss
 from grpolab.algo.policy_loss import POLICY_LOSSES
 from grpolab.run import run_training
 
+VARIANT_MODULE = '''
 
-def _reinforce_with_drop(inp, cfg):
-    """REINFORCE, dropping the tokens whose pi/alpha is above 1.5 (counted in ``drop_sum``)."""
+
+
+@register_policy_loss("toy_drop")
+def reinforce_with_drop(inp, cfg):
+    """REINFORCE, dropping the tokens whose pi/alpha is above 1.5 (counted in drop_sum)."""
     keep = inp.mask & ((inp.logp - inp.sampler_logp).exp() <= 1.5)
     per_token = torch.where(keep, -inp.advantages * inp.logp, torch.zeros_like(inp.logp))
     return per_token, {"drop_sum": (inp.mask & ~keep).sum().to(inp.logp.dtype).detach()}
+'''
 
 
-def test_registered_variant_trains_from_the_command_line_key(tmp_path):
-    register_policy_loss("toy_drop")(_reinforce_with_drop)
+def test_registered_variant_trains_from_the_command_line_key(tmp_path, monkeypatch):
+    # the variant lives in the user's own module, imported by the run through the `imports` key
+    (tmp_path / "toy_drop_variant.py").write_text(VARIANT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "algo.clip_mode=toy_drop", "trainer.max_steps=2",
-                                           "val.at_start=false", "save_policy=false",
+        cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "imports=[toy_drop_variant]", "algo.clip_mode=toy_drop",
+                                           "trainer.max_steps=2", "val.at_start=false", "save_policy=false",
                                            "trainer.val_check_interval=100"])
         run_training(cfg)
     finally:
-        POLICY_LOSSES.pop("toy_drop")
+        POLICY_LOSSES.pop("toy_drop", None)
+        sys.modules.pop("toy_drop_variant", None)
     metrics = pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"])
     # on-policy at lag 0 every pi/alpha is 1: nothing dropped, and the clipped variants' ratio stats are absent
     assert len(metrics) == 2 and (metrics["train/drop_mean"] == 0.0).all()

@@ -59,12 +59,32 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
     return wrapped
 
 
+def import_plugins(modules: list[str]) -> None:
+    """Import the modules named by ``imports`` (from the working directory or the Python path).
+
+    Raises:
+        ValueError: naming ``imports`` and the module that could not be imported.
+    """
+    import importlib
+    import sys
+
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the working directory, as `python -m` would
+    for name in modules:
+        try:
+            importlib.import_module(str(name))
+        except ImportError as err:
+            raise ValueError(f"imports: cannot import {name!r} ({err}); give a module on the Python path or in the "
+                             f"working directory") from err
+
+
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate every setting, then instantiate task, verifier, model spec, module, engine, data module, trainer.
 
     Settings are validated once, here, before any model is built, and never changed afterwards; the parts get
     built objects or narrow values (the tokenizer, a policy handle), never the config.
     """
+    import_plugins(cfg.get("imports") or [])  # they may register loss variants that algo.* names
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
     check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc), before any model
     drop = cfg.get("resume_drop_buffer", False)
