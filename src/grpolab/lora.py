@@ -96,6 +96,9 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
 def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
     """Wrap ``model`` in a PEFT LoRA model (base weights frozen); returns ``model`` unchanged when disabled.
 
+    With ``settings.dropout > 0`` it logs one warning per wrapped model: PEFT's ``lora_dropout`` modules are added
+    here, after :func:`~grpolab.models.disable_dropout`, so they stay active in train mode.
+
     Raises:
         ValueError: naming ``model.lora.target_modules`` and listing the model's linear module names when a
             target names no module.
@@ -110,6 +113,11 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         if missing:
             raise ValueError(f"model.lora.target_modules {missing} name no module of this model; its linear "
                              f"modules are {linear_module_names(model)}")
+    if settings.dropout > 0:  # applied after disable_dropout, so PEFT's lora_dropout stays on in train mode
+        log.warning("model.lora.dropout=%s > 0: the LoRA dropout is active in the training forward (train mode) but "
+                    "not in the sampler's and the reference's eval-mode passes, so the lag-0 importance ratio is not "
+                    "1 and the clip statistics measure dropout noise; set model.lora.dropout=0 for exact on-policy "
+                    "ratios", settings.dropout)
     config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=settings.target_modules, task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, config)
