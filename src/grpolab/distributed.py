@@ -15,6 +15,26 @@ import torch
 from torch import Tensor
 
 
+def sum_over_ranks(strategy: Any, counts: dict[str, int]) -> dict[str, int]:
+    """``counts`` summed over every data-parallel rank with one all-reduce; a copy of ``counts`` with one process.
+
+    A collective: every rank must call it with the same keys.
+
+    Args:
+        strategy: the Lightning strategy (``world_size``, ``root_device``, ``reduce``).
+        counts: name -> int count of this rank (exact up to 2**53).
+
+    Returns:
+        name -> the sum over ranks (int).
+    """
+    if getattr(strategy, "world_size", 1) <= 1:
+        return dict(counts)
+    keys = sorted(counts)
+    local = torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64, device=strategy.root_device)
+    total = strategy.reduce(local, reduce_op="sum").cpu().tolist()
+    return {k: int(round(v)) for k, v in zip(keys, total, strict=True)}
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP (``.module``) wrapper; other modules are returned as they are."""
     while isinstance(model, torch.nn.parallel.DistributedDataParallel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -96,6 +97,9 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
 def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
     """Wrap ``model`` in a PEFT LoRA model (base weights frozen); returns ``model`` unchanged when disabled.
 
+    With ``settings.dropout > 0`` it logs one warning per wrapped model: PEFT's ``lora_dropout`` modules are added
+    here, after :func:`~grpolab.models.disable_dropout`, so they stay active in train mode.
+
     Raises:
         ValueError: naming ``model.lora.target_modules`` and listing the model's linear module names when a
             target names no module.
@@ -110,6 +114,11 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         if missing:
             raise ValueError(f"model.lora.target_modules {missing} name no module of this model; its linear "
                              f"modules are {linear_module_names(model)}")
+    if settings.dropout > 0:  # applied after disable_dropout, so PEFT's lora_dropout stays on in train mode
+        log.warning("model.lora.dropout=%s > 0: the LoRA dropout is active in the training forward (train mode) but "
+                    "not in the sampler's and the reference's eval-mode passes, so the lag-0 importance ratio is not "
+                    "1 and the clip statistics measure dropout noise; set model.lora.dropout=0 for exact on-policy "
+                    "ratios", settings.dropout)
     config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                         target_modules=settings.target_modules, task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, config)
@@ -193,6 +202,59 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                                           "supported")
             key = f"{name}.base_layer.weight"
             state[key] = state[key] + module.get_delta_weight(module.active_adapters[0]).to(state[key].dtype)
+    return {k.replace(".base_layer.", "."): v for k, v in state.items()}
+
+
+def full_policy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """:func:`merged_state_dict` with full tensors under every trainer: what a sampler engine's weight push loads.
+
+    For a plain or DDP policy it is :func:`merged_state_dict`. For an FSDP2 (``trainer=fsdp``) policy, whose
+    parameters are DTensor shards, every tensor is all-gathered by
+    :func:`~grpolab.distributed.iter_full_parameters` (one module at a time), and a LoRA delta is PEFT's own
+    ``get_delta_weight`` evaluated on the gathered ``lora_A`` / ``lora_B``, so the result equals, bit for bit,
+    :func:`merged_state_dict` of the same model unsharded. Under FSDP2 this is a collective: call it on every rank.
+
+    Args:
+        model: the policy (plain, DDP-wrapped, FSDP2-sharded; PEFT LoRA or not).
+
+    Returns:
+        name -> plain ``torch.Tensor`` (never a DTensor), the base model's checkpoint names and full shapes, on
+        the policy's device. Gathered tensors are copies; unsharded ones are the policy's own (detached).
+
+    Raises:
+        NotImplementedError: more than one active adapter, or (sharded) a LoRA layer that is not a linear layer.
+    """
+    from grpolab.distributed import is_sharded, iter_full_parameters, unwrap
+
+    if not is_sharded(model):
+        return merged_state_dict(unwrap(model))
+    base = model.get_base_model() if is_peft(model) else unwrap(model)
+    full = dict(iter_full_parameters(base, include_buffers=True))
+    first: dict[int, str] = {}  # a tied tensor is gathered once, under its first name
+    for name, t in [*base.named_parameters(remove_duplicate=False), *base.named_buffers(remove_duplicate=False)]:
+        first.setdefault(id(t), name)
+        if name not in full:
+            full[name] = full[first[id(t)]]
+    state = {k: full[k] for k in base.state_dict() if ".lora_" not in k}  # no gather: names only
+    if not is_peft(model):
+        return state
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in base.named_modules():
+        if not isinstance(module, LoraLayer) or not module.active_adapters:
+            continue
+        if len(module.active_adapters) != 1 or not isinstance(module, LoraLinear):
+            raise NotImplementedError(f"{name}: merging a sharded LoRA layer needs one active adapter on a linear "
+                                      f"layer ({type(module).__name__}, {len(module.active_adapters)} active)")
+        adapter = module.active_adapters[0]
+        # PEFT's delta (transpose(B @ A) * scaling) read from a stand-in holding the gathered adapter weights
+        gathered = SimpleNamespace(
+            lora_A={adapter: SimpleNamespace(weight=full[f"{name}.lora_A.{adapter}.weight"])},
+            lora_B={adapter: SimpleNamespace(weight=full[f"{name}.lora_B.{adapter}.weight"])},
+            fan_in_fan_out=module.fan_in_fan_out, scaling=module.scaling)
+        key = f"{name}.base_layer.weight"
+        state[key] = state[key] + LoraLinear.get_delta_weight(gathered, adapter).to(state[key].dtype)
     return {k.replace(".base_layer.", "."): v for k, v in state.items()}
 
 

@@ -23,8 +23,10 @@ from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate, weight_quantiles
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
+from grpolab.algo.metric_reduction import step_weights
 from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
 from grpolab.algo.theorem1 import lower_bound_metrics
+from grpolab.callbacks.step_logging import log_step_metrics
 from grpolab.config import GRPOConfig
 from grpolab.distributed import shard_models
 from grpolab.errors import NonFiniteLossError
@@ -32,7 +34,6 @@ from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
-from grpolab.step_logging import log_step_metrics
 
 log = logging.getLogger(__name__)
 
@@ -252,10 +253,13 @@ class GRPOModule(L.LightningModule):
                         "signal (all wrong: %.2f, all correct: %.2f of the last batch's groups). If this follows a "
                         "high algo.learning_rate the policy has collapsed and will not recover.", self.global_step,
                         ZERO_VARIANCE_PATIENCE, m["frac_zero_std/all_wrong"], m["frac_zero_std/all_correct"])
+        counts = {}  # rows each reward function scored (its mean's weight across ranks)
         for name, values in mb.info.get("per_func", {}).items():
             vals = [v for v in values if v is not None]
             m[f"rewards/{name}/mean"] = sum(vals) / len(vals) if vals else 0.0
-        m.update(loss_stats_to_metrics(merge_loss_stats(stats)))
+            counts[f"train/rewards/{name}/mean"] = float(len(vals))
+        merged = merge_loss_stats(stats)
+        m.update(loss_stats_to_metrics(merged))
         m.update(self._mismatch)
         # Paper diagnostics (paper.md §3.6): policy vs sampler, c(x), surrogate at pi = pi_k; Theorem 1 at pi_{k+1}.
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
@@ -278,7 +282,12 @@ class GRPOModule(L.LightningModule):
         m.update(mb.metrics)  # the data module's own timings (time/rollout, time/weight_sync)
         m["time/elapsed"] = now - (self._fit_start or now)
         m["tokens_per_second"] = self.num_tokens / max(m["time/elapsed"], 1e-9)
-        log_step_metrics(self.trainer, {f"train/{k}": v for k, v in m.items()})  # not log_dict: ~10 ms a step
+        weights = None
+        if self.trainer.world_size > 1:  # what this rank's means are over, to combine the ranks' values
+            weights = {**step_weights(mb.completion_mask, mb.loss_mask, mb.rewards, mb.group_ids, mb.zero_std,
+                                      merged.get("grad_weight_sum")), **counts}
+        # not log_dict: ~10 ms a step; `step` (global_step before opt.step()) is the index log_dict would use
+        log_step_metrics(self.trainer, {f"train/{k}": v for k, v in m.items()}, step, weights)
 
     # ------------------------------------------------------------------------------------ validation
     def on_validation_epoch_start(self) -> None:

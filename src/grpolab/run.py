@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import check_checkpoint, check_types, checkpoint_cadence_warning
-from grpolab.distributed import check_trainer
+from grpolab.distributed import check_trainer, sum_over_ranks
 from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.module import GRPOModule
@@ -30,6 +30,9 @@ from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.settings import resolve_rollout
 
 log = logging.getLogger("grpolab")
+
+# summary.json counts each rank adds to (skipped_unscorable_rows is not one: every rank filters the whole dataset)
+RANK_COUNTERS = ("completions", "unscorable", "truncated")
 
 
 def _build(cfg: DictConfig, node: str, **kwargs: Any) -> Any:
@@ -176,6 +179,10 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
     # "start" is the step-0 measurement only (val.at_start); with at_start=false it is null, not a later step
     first = next((h for h in hist if h["step"] == 0), {})
     last = hist[-1] if hist else {}
+    # Under DDP/FSDP each rank counts what it sampled: its training rows, and the whole held-out set (every rank
+    # validates all of it), so validation completions count once per rank in the sum.
+    rollout = dm.summary()
+    rollout.update(sum_over_ranks(module.trainer.strategy, {k: rollout[k] for k in RANK_COUNTERS}))
     return {
         "val_accuracy_start": first.get("accuracy"),
         "val_accuracy_end": last.get("accuracy"),
@@ -184,7 +191,7 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "val_best_accuracy": max((h["accuracy"] for h in hist), default=None),
         "val_history": hist,
         "steps": int(module.global_step),
-        **dm.summary(),
+        **rollout,
         "time_total_s": round(total_s, 2),
         "time_train_s": round(module.time_train_s, 2),
         **algo.summary(),

@@ -13,7 +13,8 @@ from grpolab.distributed import is_sharded, iter_full_parameters
 
 
 class RankAudit(L.Callback):
-    """Appends ``{"rank", "step", "uids"}`` per training step to ``<out>/rank<r>.jsonl`` and saves the
+    """Appends ``{"rank", "step", "uids", "allreduces", "rewards", "lengths", "tokens"}`` per training step to
+    ``<out>/rank<r>.jsonl``, writes the rank's rollout counters to ``<out>/rank<r>_counters.json`` and saves the
     policy's final full parameters (gathered module by module, so also under FSDP) to ``<out>/rank<r>.pt``."""
 
     def __init__(self, out: str, die_rank: int | None = None, die_at_step: int | None = None) -> None:
@@ -39,12 +40,25 @@ class RankAudit(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         row = {"rank": trainer.global_rank, "step": trainer.global_step, "uids": batch.info["uids"],
-               "allreduces": self.allreduces}
+               "allreduces": self.allreduces, "rewards": batch.rewards.tolist(),  # NaN = unscorable
+               "lengths": batch.completion_mask.sum(1).tolist(),
+               "tokens": int(batch.completion_mask.sum() + batch.prompt_mask.sum())}
         self.allreduces = 0
         with (self.out / f"rank{trainer.global_rank}.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._write_counters(trainer)
+
+    def _write_counters(self, trainer) -> None:
+        """This rank's own rollout counters; rewritten after training and each validation, so the file holds their
+        values when the run writes summary.json."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        counters = dict(trainer.datamodule.producer.counters)
+        (self.out / f"rank{trainer.global_rank}_counters.json").write_text(json.dumps(counters))
+
     def on_train_end(self, trainer, pl_module) -> None:
+        self._write_counters(trainer)
         state = {k: v.cpu().clone() for k, v in iter_full_parameters(pl_module.policy)}
         torch.save(state, self.out / f"rank{trainer.global_rank}.pt")
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps({"sharded": is_sharded(pl_module.policy)}))

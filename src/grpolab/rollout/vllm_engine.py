@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from grpolab.algo.masks import completion_mask
-from grpolab.lora import merged_state_dict
+from grpolab.lora import full_policy_state
 from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams, left_pad
 from grpolab.rollout.hf_engine import HFGenerationEngine
 
@@ -289,8 +289,8 @@ class VLLMGenerationEngine(GenerationEngine):
                 self._push(model)
 
     def _push(self, model: Any) -> None:
-        # checkpoint names (a LoRA policy is pushed merged); a tied lm_head.weight is skipped by vLLM, re-tied
-        self._push_state(merged_state_dict(model))
+        # full tensors, checkpoint names, LoRA merged (gathered on every rank under FSDP); tied lm_head re-tied by vLLM
+        self._push_state(full_policy_state(model))
 
     def _push_state(self, state: dict[str, torch.Tensor]) -> None:
         self.wake()
