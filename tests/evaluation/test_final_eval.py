@@ -27,9 +27,9 @@ def test_final_eval_writes_mean_at_n_with_stderr_and_per_prompt(tmp_path):
     se = (sum((f - mean) ** 2 for f in fractions) / 15 / 16) ** 0.5  # over prompts, ddof 1
     assert on_disk["test_mean_at_4_se"] == pytest.approx(se)
     assert "test_greedy_accuracy" in on_disk and on_disk["final_eval_s"] >= 0
-    # training (2 steps x 8) + validation at start and end (8 prompts x (2 sampled + 1 greedy)), and not the
+    # training: 2 steps x 8; validation at start and end: 8 prompts x (2 sampled + 1 greedy); neither counts the
     # final evaluation's 16 x (4 + 1)
-    assert summary["completions"] == 2 * 8 + 2 * 8 * 3
+    assert summary["completions"] == 2 * 8 and summary["val_completions"] == 2 * 8 * 3
     metrics = pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"])
     for col in ("train/ratio/anchor_max", "train/ratio/anchor_q50", "train/ratio/anchor_q99",
                 "train/ratio/anchor_frac_above_2", "train/ratio/grad_weight_frac_above_2"):

@@ -89,7 +89,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.models = models
         needs_logp = self.cfg.reuses_samples or self.settings.async_generation  # async trains at lag >= 1
         self.producer = RolloutProducer(self.cfg, self.task, tokenizer, self.engine, self.verifier, needs_logp)
-        self.validation_producer = self.producer.with_engine(self.engine.validation_engine())
+        # its own counters: every rank validates the whole held-out set, so only training counts are summed
+        self.validation_producer = self.producer.with_engine(self.engine.validation_engine(), own_counters=True)
 
     def setup(self, stage: str | None = None) -> None:
         if self.producer is None:

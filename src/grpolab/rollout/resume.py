@@ -169,11 +169,13 @@ def load_rollout_state(dm: Any, state: dict[str, Any], rank: int, world: int) ->
 
 def rollout_summary(dm: Any) -> dict[str, Any]:
     """The rollout side's counters of a data module, for ``summary.json``: refreshes, weight pushes (count and
-    seconds), generation and rollout seconds, completion counts and rows skipped as unscorable."""
+    seconds), generation and rollout seconds, training completion counts (this rank's), validation completion counts
+    (every rank validates the whole held-out set) and rows skipped as unscorable."""
     refresh, counters = dm.refresh, dm.producer.counters
     return {"sampler_refreshes": int(dm.buffer.rounds), "weight_syncs": int(dm.sampler.pushes),
             "time_weight_sync_s": round(dm.sampler.push_time_s, 4), "async_generation": dm.settings.async_generation,
             "time_generation_s": round(refresh.time_generation_s if refresh else 0.0, 2),
             "time_rollout_s": round(refresh.time_rollout_s if refresh else 0.0, 2),
             **{k: counters.get(k, 0) for k in ("completions", "unscorable", "truncated")},
+            **{f"val_{k}": dm.validation_producer.counters.get(k, 0) for k in ("completions", "unscorable")},
             "skipped_unscorable_rows": dict(dm.skipped_rows)}

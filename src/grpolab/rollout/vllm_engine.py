@@ -39,6 +39,7 @@ from grpolab.algo.masks import completion_mask
 from grpolab.lora import full_policy_state
 from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams, left_pad
 from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.vllm_check import _numpy_rng_state, _set_numpy_rng_state, check_push
 
 log = logging.getLogger(__name__)
 
@@ -226,53 +227,8 @@ class VLLMGenerationEngine(GenerationEngine):
                 torch.cuda.set_rng_state_all(rng[3])
         self._max_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._push(model)
-        self._check_push(model)
+        self.sync_check = check_push(self, model)
         log.info("rollout=vllm: engine built (vLLM %s); start-up check %s", self.vllm.__version__, self.sync_check)
-
-    def _check_push(self, model: Any) -> None:
-        """Compare the engine's log-probs with the trainer's on a probe after the first push.
-
-        Raises:
-            RuntimeError: if they differ by more than the tolerance (the push did not reach the engine's weights,
-                e.g. a vLLM whose reload API differs, or the engine's dtype differs from the policy's).
-        """
-        from grpolab.rollout.forward import completion_log_probs
-
-        vocab = int(model.config.vocab_size)
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(vocab, (n,), generator=g).tolist() for n in (5, 3)]
-        temperature, new = 0.7, max(1, min(8, self._max_len - 5))
-        sp = self.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_tokens=new,
-                                      ignore_eos=True, seed=0, logprobs=0, detokenize=False)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], [sp] * len(prompts), use_tqdm=False)
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        diffs = []
-        try:
-            with torch.no_grad():
-                for p, out in zip(prompts, outs):
-                    ids = list(out.outputs[0].token_ids)
-                    engine = torch.tensor([d[t].logprob for d, t in zip(out.outputs[0].logprobs, ids)])
-                    ones_p, ones_c = torch.ones(1, len(p), dtype=torch.long), torch.ones(1, len(ids), dtype=torch.long)
-                    trainer, _ = completion_log_probs(model, torch.tensor([p], device=device), ones_p.to(device),
-                                                      torch.tensor([ids], device=device), ones_c.to(device), temperature)
-                    diffs.append((trainer[0].float().cpu() - engine).abs())
-        finally:
-            model.train(was_training)
-        diff = torch.cat(diffs)
-        tol = self.sync_check_tolerance
-        if tol is None:
-            tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-        self.sync_check = {"mean_abs_logp_difference": float(diff.mean()), "max_abs_logp_difference": float(diff.max()),
-                           "tolerance": tol}
-        if not float(diff.mean()) <= tol:
-            raise RuntimeError(
-                f"rollout=vllm: after pushing the policy's weights into vLLM {self.vllm.__version__}, the engine's "
-                f"log-probs differ from the trainer's by {float(diff.mean()):.3g} nats per token on average "
-                f"(> rollout.sync_check_tolerance={tol}): the sampler would be stale or wrong. Either this vLLM's "
-                f"in-memory weight reload differs from the tested {', '.join(TESTED_VLLM_VERSIONS)}, or "
-                f"rollout.dtype differs from the policy's dtype.")
 
     # ---------------------------------------------------------------------------------------- weights
     def sync_weights(self, model: Any, version: int) -> None:
@@ -413,18 +369,3 @@ class VLLMGenerationEngine(GenerationEngine):
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
         return Generation(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
                           truncated=truncated, sampler_logp=(logp * mask) if with_logp else None)
-
-
-def _numpy_rng_state() -> Any:
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy comes with torch's usual installs
-        return None
-    return np.random.get_state()
-
-
-def _set_numpy_rng_state(state: Any) -> None:
-    if state is not None:
-        import numpy as np
-
-        np.random.set_state(state)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpolab.verifiers.process_pool import ProcessPool
 from grpolab.verifiers.timeout import (
     BATCH_TIMEOUT,
     CRASHED,
@@ -30,7 +31,6 @@ from grpolab.verifiers.timeout import (
     OK,
     TIMEOUT,
     CallResult,
-    ProcessPool,
     run_in_thread,
 )
 
