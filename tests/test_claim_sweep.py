@@ -1,4 +1,4 @@
-"""Issue 11: the claim sweeps compose into the one-factor-at-a-time grid around the paper's k=10 setting, and
+"""The claim sweeps compose into the one-factor-at-a-time grid around the paper's k=10 setting, and
 every job ends with a final held-out mean@16."""
 
 import pytest

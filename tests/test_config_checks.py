@@ -1,4 +1,4 @@
-"""Bad input gets a clear, early error naming the key, file, row, path or step (issue 9, item 13)."""
+"""Bad input gets a clear, early error naming the key, file, row, path or step."""
 
 from __future__ import annotations
 

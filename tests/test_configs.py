@@ -32,7 +32,7 @@ def test_algo_configs_validate(tmp_path, algo):
     expected = {"grpo_onpolicy": (1, 1), "grpo_offpolicy": (10, 1), "grpo_reuse": (1, 10)}.get(algo, (10, 1))
     assert (algo_cfg.steps_per_generation, algo_cfg.num_iterations) == expected
     assert algo_cfg.name == algo
-    if algo.startswith("grpo_offpolicy"):  # the paper's setting and issue 11's candidates, one change each
+    if algo.startswith("grpo_offpolicy"):  # the paper's setting and the claim study's candidates, one change each
         changed = {"grpo_offpolicy_ppo": algo_cfg.clip_mode == "ppo", "grpo_offpolicy_cap": algo_cfg.importance_weight_cap == 2.0,
                    "grpo_offpolicy_anchor": algo_cfg.ratio_reference == "anchor", "grpo_offpolicy": True}[algo]
         assert changed and algo_cfg.mask_zero_std_groups
@@ -65,6 +65,6 @@ def test_model_specs_are_lightweight(tmp_path):
         cfg = compose_train_cfg(tmp_path, [f"model={option}"])
         spec = instantiate(cfg.model)
         assert spec.source == cfg.model.name_or_path and spec.dtype == "bfloat16"
-    (tmp_path / "local").mkdir()  # a missing model.path folder is an error at instantiation (issue 9)
+    (tmp_path / "local").mkdir()  # a missing model.path folder is an error at instantiation
     cfg = compose_train_cfg(tmp_path, ["model=qwen0.5b", f"model.path={tmp_path / 'local'}"])
     assert instantiate(cfg.model).source == str(Path(tmp_path / "local"))

@@ -1,4 +1,4 @@
-"""Dropout is off in the policy and the reference, so the lag-0 importance ratio is exactly 1 (issue 9 item 2)."""
+"""Dropout is off in the policy and the reference, so the lag-0 importance ratio is exactly 1."""
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel

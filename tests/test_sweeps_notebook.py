@@ -63,7 +63,7 @@ def test_each_arm_selects_its_regime(arm):
 
 
 def test_every_arm_file_is_in_the_grid():
-    claim = grid(compose_sweep("claim", []))["arm"]  # issue 11's ablations (tests/test_claim_sweep.py)
+    claim = grid(compose_sweep("claim", []))["arm"]  # the claim study's ablations (tests/test_claim_sweep.py)
     assert sorted(p.stem for p in (SWEEPS / "arm").glob("*.yaml")) == sorted(set(ARMS) | set(claim))
 
 
@@ -90,7 +90,7 @@ def tiny_sweep(tmp_path_factory):
     cmd = [sys.executable, "src/train.py", "--config-dir", "sweeps", "--config-name", "onoff_small",
            "arm=k1,k2", "seed=0,1", *FAST_OVERRIDES, "save_policy=false", "trainer.max_steps=4",
            "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep_dir}", f"paths.cache_dir={out / 'cache'}",
-           "final_eval.enabled=true", "final_eval.num_samples=2"]  # the issue 11 table needs the final test score
+           "final_eval.enabled=true", "final_eval.num_samples=2"]  # the claim table needs the final test score
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -124,7 +124,7 @@ def test_notebook_renders_the_sweep(tiny_sweep, tmp_path):
     assert sorted(Path(line).name for line in proc.stdout.split()) == pngs
     table = (figures / "final_accuracy.csv").read_text()
     assert "k=1 on-policy" in table and "k=2" in table
-    test_table = (figures / "final_test_accuracy.csv").read_text()  # issue 11: mean +- se and the gap to k=1
+    test_table = (figures / "final_test_accuracy.csv").read_text()  # mean +- se and the gap to k=1
     assert "test_mean_at_2" in test_table and "vs on-policy" in test_table and "se of diff" in test_table
     lags = (figures / "weight_stats_by_lag.csv").read_text()
     assert "train/ratio/grad_weight_frac_above_2" in lags and "k=2" in lags

@@ -1,4 +1,4 @@
-"""Advantages: pitfalls.md #1, #2, #11 and the std/epsilon conventions."""
+"""Advantages: docs/pitfalls.md #1, #2, #11 and the std/epsilon conventions."""
 
 import doctest
 import math
@@ -143,7 +143,7 @@ def test_group_reward_summary_split_all_correct_all_wrong():
     torch.testing.assert_close(s["std"][2], torch.tensor(math.sqrt(0.5)))
 
 
-# ---------------------------------------------------------------- issue 9 items 8, 9
+# ---------------------------------------------------------------- truncated and unscorable rows
 
 
 def test_truncated_rows_out_of_the_loss_are_out_of_the_baseline():

@@ -1,4 +1,4 @@
-"""Diagnostics of paper.md §3.3, §3.5, §3.6."""
+"""Diagnostics of docs/objective.md#theorem-1"""
 
 import doctest
 import math

@@ -1,4 +1,4 @@
-"""Issue 11: the truncated importance weight (algo.importance_weight_cap) and the weight statistics, pinned by
+"""The truncated importance weight (algo.importance_weight_cap) and the weight statistics, pinned by
 hand-computed values."""
 
 import math

@@ -1,4 +1,4 @@
-"""KL estimators and masked mean (pitfalls.md #10)."""
+"""KL estimators and masked mean (docs/pitfalls.md #10)."""
 
 import doctest
 import math

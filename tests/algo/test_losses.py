@@ -1,4 +1,4 @@
-"""The GRPO loss: pitfalls.md #1, #3, #4, #9, REINFORCE parity, clip modes, micro-batch invariance,
+"""The GRPO loss: docs/pitfalls.md #1, #3, #4, #9, REINFORCE parity, clip modes, micro-batch invariance,
 sequence-level ratio, and LossConfig validation."""
 
 import doctest
@@ -69,7 +69,7 @@ def test_pitfall3_token_mean_vs_sequence_mean():
     [
         # ours: A = 0.5/sqrt(0.5+1e-4) = 0.707036 -> bnpo (A*3 - A)/4 = A/2 = 0.353518, dr_grpo A/4 = 0.176759
         (False, 0.353518, 0.176759),
-        # TRL: A = 0.5/(0.707107+1e-4) = 0.707006 -> 0.35350 and 0.17675 (pitfalls.md #3)
+        # TRL: A = 0.5/(0.707107+1e-4) = 0.707006 -> 0.35350 and 0.17675 (docs/pitfalls.md #3)
         (True, 0.35350, 0.17675),
     ],
 )
@@ -519,7 +519,7 @@ def test_loss_config_defaults_and_other_validation():
         merge_loss_stats([])
 
 
-# ---------------------------------------------------------------- (f) issue 9: ratio reference, sequence_sum
+# ---------------------------------------------------------------- (f) ratio reference, sequence_sum
 
 
 def test_ratio_reference_anchor_takes_the_ratio_against_pi_k():
@@ -542,7 +542,7 @@ def test_ratio_reference_anchor_takes_the_ratio_against_pi_k():
     loss, grad, _ = _loss(logp, sampler, anchor, adv, mask, LossConfig(ratio_reference="sampler"))
     assert loss.item() == pytest.approx((-1.2 + 0.8) / 2, abs=1e-6)
     assert torch.equal(grad, torch.zeros(2, 1))
-    # At first use (anchor = current policy) every anchor ratio is 1: TRL with a stale sampler (paper.md §2.6).
+    # At first use (anchor = current policy) every anchor ratio is 1: TRL with a stale sampler (docs/objective.md#ratio-reference).
     loss, grad, st = _loss(logp, sampler, logp, adv, mask, LossConfig(ratio_reference="anchor"))
     assert st["ratio_min"].item() == st["ratio_max"].item() == 1.0
     torch.testing.assert_close(grad, torch.tensor([[-0.5], [0.5]]))

@@ -1,5 +1,4 @@
-"""What a user sees: the progress bar counts optimizer steps, and the log has no warning we cause (issue 9,
-item 16).
+"""What a user sees: the progress bar counts optimizer steps, and the log has no warning we cause.
 
 The run is the real command line. Lightning warns about loader workers only on machines with more than 2
 CPUs, so the child process reports 8 suggested workers (as on a 16-core GPU host) to make the check

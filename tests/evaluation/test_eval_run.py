@@ -105,7 +105,7 @@ def test_cli_writes_eval_json_and_shows_progress(trained_run, tmp_path):
 
 
 def test_eval_ignores_the_folders_generation_config(trained_run, tmp_path):
-    # issue 9 item 1: a generation_config.json with repetition_penalty, no_repeat_ngram_size, temperature, top_k
+    # a generation_config.json with repetition_penalty, no_repeat_ngram_size, temperature, top_k
     # and top_p must not change what eval.py samples (sampled and greedy): same completions as without them.
     import shutil
 

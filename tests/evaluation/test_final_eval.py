@@ -1,4 +1,4 @@
-"""Issue 11: the end-of-training held-out evaluation (final_eval) and the weight statistics of a real run."""
+"""The end-of-training held-out evaluation (final_eval) and the weight statistics of a real run."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""One long prompt must stop the run at setup, named, not OOM-kill it later (issue 9, item 12).
+"""One long prompt must stop the run at setup, named, not OOM-kill it later.
 
 The reported case: one 3,002-character row in a 40-row jsonl, ``algo.max_prompt_length: null``; the
 kernel killed the run at 22.6 GB after 102 s with no message.

@@ -1,4 +1,4 @@
-"""Resuming with settings that shape the saved rollout buffer changed (issue 9, item 14).
+"""Resuming with settings that shape the saved rollout buffer changed.
 
 A checkpoint inside a buffer (k = 3, saved at step 1) holds two more minibatches sampled with the old
 settings. Resuming with another num_generations / steps_per_generation is refused with the list of

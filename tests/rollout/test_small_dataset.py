@@ -1,4 +1,4 @@
-"""A dataset smaller than one step (issue 9, item 15).
+"""A dataset smaller than one step.
 
 It used to merge repeated prompts into groups of 16 or 24: prompts were drawn across epoch boundaries
 and grouped by uid, so a prompt drawn twice in a buffer became one group of 2G with a baseline over both

@@ -1,4 +1,4 @@
-"""Issue 11's second embedded task: multi-step arithmetic (running sums), its verification and its configs."""
+"""The claim study's second embedded task: multi-step arithmetic (running sums), its verification and its configs."""
 
 import doctest
 

@@ -1,4 +1,4 @@
-"""A time bound per batch, not only per call (issue 9, item 11).
+"""A time bound per batch, not only per call.
 
 Without it, N adversarial completions in one batch cost up to N x ``timeout_s``. With
 ``batch_timeout_s``, every completion cut by the bound scores None and is counted; the rest keep their

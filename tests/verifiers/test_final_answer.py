@@ -1,4 +1,4 @@
-"""Which answer counts: the last final answer, on every extraction path (issue 9, item 10).
+"""Which answer counts: the last final answer, on every extraction path.
 
 What public graders do (checked in their sources):
 

