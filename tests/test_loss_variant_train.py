@@ -11,7 +11,9 @@ from grpolab.algo.policy_loss import POLICY_LOSSES
 from grpolab.run import run_training
 
 VARIANT_MODULE = '''
+import torch
 
+from grpolab.algo import register_policy_loss
 
 
 @register_policy_loss("toy_drop")

@@ -25,7 +25,7 @@ from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder, check_split_sizes
 from grpolab.rollout.reference import refresh_reference
-from grpolab.rollout.refresh import AsyncRefresh, SyncRefresh
+from grpolab.rollout.refresh import SyncRefresh, make_refresh
 from grpolab.rollout.resume import load_rollout_state, rollout_state, rollout_summary
 from grpolab.rollout.sampler import SamplerPolicy
 from grpolab.rollout.settings import RolloutSettings
@@ -105,10 +105,8 @@ class RolloutDataModule(L.LightningDataModule):
         rank, world = self._rank_world()
         check_split_sizes(self.task.name, splits, self.cfg, world)
         self.prompts = PromptOrder(len(splits["train"]), self.seed)
-        strategy = AsyncRefresh if self.settings.async_generation else SyncRefresh
-        extra = {"settings": self.settings} if self.settings.async_generation else {}
-        self.refresh = strategy(self.producer, self.sampler, self.models, splits["train"], self.prompts, self.seed,
-                                rank, world, self._precision, **extra)
+        self.refresh = make_refresh(self.settings, self.producer, self.sampler, self.models, splits["train"],
+                                    self.prompts, self.seed, rank, world, self._precision)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Tickets(), batch_size=None, collate_fn=_identity)
@@ -135,11 +133,8 @@ class RolloutDataModule(L.LightningDataModule):
         return mb
 
     def validation_samples(self, rows: list[dict]) -> dict[str, dict[str, Any]]:
-        """``sampled`` (``val_num_generations`` per row) and ``greedy`` (one per row) samples of the live policy, as
-        :meth:`~grpolab.rollout.producer.RolloutProducer.sample` returns them."""
-        policy = self.models.policy
-        sampled = self.validation_producer.sample(policy, rows, self.val_num_generations)
-        return {"sampled": sampled, "greedy": self.validation_producer.sample(policy, rows, 1, greedy=True)}
+        """``sampled`` (``val_num_generations`` per row) and ``greedy`` samples of the live policy."""
+        return self.validation_producer.sampled_and_greedy(self.models.policy, rows, self.val_num_generations)
 
     def _refresh_reference_if_due(self, step: int) -> None:
         """Every ``algo.ref_refresh_every`` steps the reference becomes the policy, and the buffer's stored reference

@@ -132,6 +132,12 @@ class RolloutProducer:
         return {"generation": gen, "rows": rep_rows, "completions": texts,
                 "rewards": torch.tensor(rewards, dtype=torch.float32), "per_func": scored.per_func}
 
+    def sampled_and_greedy(self, policy: Any, rows: list[dict], num_generations: int) -> dict[str, dict[str, Any]]:
+        """Validation samples: ``sampled`` (``num_generations`` per row at the training temperature), then ``greedy``
+        (one per row), each as :meth:`sample` returns them."""
+        sampled = self.sample(policy, rows, num_generations)
+        return {"sampled": sampled, "greedy": self.sample(policy, rows, 1, greedy=True)}
+
     def produce(self, policy: Any, reference: Any | None, rows: list[dict], round_index: int,
                 policy_version: int, generator: torch.Generator | None = None) -> list[Minibatch]:
         """Build the ``steps_per_generation`` minibatches of one sampler refresh.

@@ -262,3 +262,9 @@ class AsyncRefresh(SyncRefresh):
                 self._job = None
         if self._all_threads is not None and torch.get_num_threads() != self._all_threads:
             torch.set_num_threads(self._all_threads)
+
+
+def make_refresh(settings: RolloutSettings, *args: Any) -> SyncRefresh:
+    """The refresh strategy ``settings`` ask for (:class:`AsyncRefresh` with ``rollout.async_generation``), built
+    with :class:`SyncRefresh`'s arguments."""
+    return AsyncRefresh(*args, settings=settings) if settings.async_generation else SyncRefresh(*args)
