@@ -24,6 +24,7 @@ from grpolab.distributed import check_trainer
 from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.module import GRPOModule
+from grpolab.plan_check import check_memory_plan, plan_summary
 from grpolab.rollout.copy_engine import HFSamplerCopyEngine
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.engine import HFGenerationEngine
@@ -102,6 +103,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy),
                   rollout_target=str(cfg.rollout.get("_target_", "")))
     check_final_eval(cfg.get("final_eval"))
+    check_memory_plan(cfg, algo, lora)  # logged; refuses a run that cannot fit (plan.check) before any model
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     reward_model = _build(cfg, "verifier")
@@ -142,7 +144,7 @@ def run_training(cfg: DictConfig) -> dict:
     final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
     summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
-    summary.update(final)
+    summary.update(final, memory_plan=plan_summary(cfg))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
