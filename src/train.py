@@ -3,6 +3,7 @@
     python src/train.py                                   # tiny model, arithmetic task, on-policy, CPU
     python src/train.py algo=grpo_offpolicy               # sampler refreshed every k=10 steps
     python src/train.py -m algo=grpo_onpolicy,grpo_offpolicy seed=0,1
+    python src/train.py model=qwen7b trainer=ddp_gpu +plan_only=true   # the memory plan only, nothing loaded
 
 Instantiation happens in a fixed order and every ``_target_`` is logged. Settings are validated before any
 model is built. Outputs land in the Hydra run folder: metrics.csv, summary.json, checkpoints/, policy/.
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
+from grpolab.plan_check import print_plan, wants_plan_only  # noqa: E402
 from grpolab.run import run_training, task_wrapper  # noqa: E402
 
 log = logging.getLogger("grpolab.train")
@@ -26,6 +28,9 @@ log = logging.getLogger("grpolab.train")
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
+        print_plan(cfg)
+        return None
     summary = task_wrapper(run_training)(cfg)
     return None if summary is None else summary.get("val_accuracy_end")
 

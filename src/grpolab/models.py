@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from grpolab.lora import AdapterDisabledReference, LoraSettings, apply_lora, is_peft
+from grpolab.random_init import check_init, random_from_architecture
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ class PretrainedModel:
         gradient_checkpointing: trade compute for activation memory in the policy.
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``flash_attention_2``, ``eager``).
         lora: ``model.lora`` (:class:`~grpolab.lora.LoraSettings`); ``r: null`` = full fine-tuning.
+        init: ``pretrained`` | ``random`` (``architecture`` with random weights seeded by ``seed``, no weight
+            download: :mod:`grpolab.random_init`). architecture: the ``config.json`` values.
     """
 
     def __init__(
@@ -161,8 +164,14 @@ class PretrainedModel:
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
         lora: dict | None = None,
+        init: str = "pretrained",
+        architecture: dict | None = None,
+        seed: int = 0,
     ) -> None:
         self.lora = LoraSettings.from_dict(lora)  # validated before any model is built
+        self.init, self.architecture, self.seed = init, check_init(init, architecture), seed
+        if init == "random":  # read by the prompt-length default instead of the hub's config.json
+            self.arch = self.architecture
         if not (name_or_path or path):
             raise ValueError("model.name_or_path or model.path must be set")
         _check_local_folder("model.path", path, always_local=True)
@@ -184,8 +193,9 @@ class PretrainedModel:
 
     def stop_token_ids(self, tokenizer: Any) -> list[int]:
         """The tokenizer's eos plus every eos id of the weights' ``generation_config.json`` if present."""
-        try:
-            gen = GenerationConfig.from_pretrained(self.source)
+        try:  # init=random: the tokenizer folder's generation config (the weights' folder may be a hub id)
+            gen = GenerationConfig.from_pretrained(self.tokenizer_path if self.init == "random" and self.tokenizer_path
+                                                   else self.source)
         except (OSError, ValueError):
             gen = None
         holder = type("_Holder", (), {"generation_config": gen})()
@@ -198,6 +208,9 @@ class PretrainedModel:
 
     def load_policy(self, task: Any | None = None) -> torch.nn.Module:
         """Load the trainable policy. ``task`` is unused here (the tiny model uses it to warm-start)."""
+        if self.init == "random":
+            return self._finish(random_from_architecture(self.architecture, self.seed, _dtype(self.dtype),
+                                                         self.attn_implementation))
         kwargs: dict[str, Any] = {"dtype": _dtype(self.dtype), "trust_remote_code": self.trust_remote_code}
         if self.attn_implementation:
             kwargs["attn_implementation"] = self.attn_implementation

@@ -25,6 +25,7 @@ from grpolab.distributed import check_trainer, sum_over_ranks
 from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.module import GRPOModule
+from grpolab.plan_check import check_memory_plan, plan_summary
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.settings import resolve_rollout
@@ -99,6 +100,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_final_eval(cfg.get("final_eval"))
+    check_memory_plan(cfg, algo, lora)  # logged; refuses a run that cannot fit (plan.check) before any model
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     verifier = _build(cfg, "verifier")
@@ -143,7 +145,7 @@ def run_training(cfg: DictConfig) -> dict:
         dm.engine.close()
     summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
-    summary.update(final)
+    summary.update(final, memory_plan=plan_summary(cfg))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
