@@ -18,7 +18,7 @@ def _minibatch():
         completion_ids=torch.zeros(b, 3, dtype=torch.long), completion_mask=torch.ones(b, 3, dtype=torch.bool),
         truncated=torch.tensor([False, True, False, False]), group_ids=torch.tensor([0, 0, 1, 1]),
         rewards=torch.tensor([1.0, 0.0, float("nan"), 0.0]), advantages=torch.tensor([0.7, -0.7, 0.0, 0.0]),
-        zero_std=torch.tensor([False, False, True, True]), loss_mask=torch.ones(b, 3), index=2, iteration=1,
+        zero_std=torch.tensor([False, False, True, True]), loss_mask=torch.ones(b, 3), index=1, iteration=1, lag=2,
         info={"uids": ["a", "a", "b", "b"], "prompts": ["1+1=", "1+1=", "2+2=", "2+2="],
               "completions": ["2", "3", "4", "5"], "answers": ["2", "2", "4", "4"]},
     )
