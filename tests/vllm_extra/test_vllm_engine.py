@@ -17,6 +17,7 @@ pytest.importorskip("vllm")
 
 from grpolab.models import TinyCharModel  # noqa: E402
 from grpolab.rollout.engine import SamplingParams  # noqa: E402
+from grpolab.rollout.vllm_check import check_push  # noqa: E402
 from grpolab.rollout.forward import batched_log_probs  # noqa: E402
 from grpolab.rollout.vllm_engine import VLLMGenerationEngine  # noqa: E402
 from grpolab.run import build, summarize  # noqa: E402
@@ -72,7 +73,7 @@ def test_engine_logp_equal_trainer_logp_after_a_push_and_the_push_changes_sample
     stale = engine.generate(policy, _prompts(tok), params)
     assert torch.equal(stale.completion_ids, before.completion_ids)  # no push yet: same weights, same seeds
     with pytest.raises(RuntimeError, match="stale"):  # the start-up check catches an engine that missed a push
-        engine._check_push(policy)
+        check_push(engine, policy)
     pushes = engine.weight_pushes
     engine.sync_weights(policy, 0)
     assert engine.weight_pushes == pushes + 1
@@ -114,7 +115,7 @@ def test_sampler_state_dict_round_trip(engine_and_policy, spec):
     # what a checkpoint with a buffer in flight stores (rollout.async_generation) and a resumed run restores
     engine, policy, tok = engine_and_policy
     params = SamplingParams(temperature=1.0, max_new_tokens=10)
-    engine.keep_sampler_weights = True  # what the run sets with rollout.async_generation=true
+    engine.keep_sampler_state()  # what the asynchronous refresh calls
     engine.sync_weights(policy, 0)
     saved = engine.sampler_state_dict()
     torch.manual_seed(5)
