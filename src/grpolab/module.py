@@ -145,7 +145,7 @@ class GRPOModule(L.LightningModule):
             if c.vllm_importance_sampling_correction and rows["engine_logp"] is not None:  # TRL's truncated IS
                 weights = truncated_importance_weights(sampler, rows["engine_logp"], c.vllm_importance_sampling_cap)
             loss, st = grpo_loss(logp, sampler, anchor, rows["advantages"], rows["loss_mask"], c,
-                                 denominator, rows["ref_logp"], token_weights=weights)
+                                 denominator, rows["ref_logp"], token_weights=weights, lag=mb.lag)
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(f"step {step}: loss is {loss.item()} in micro-batch starting at row {s} "
                                          f"(ratio max {float(st.get('ratio_max', math.nan))}, "

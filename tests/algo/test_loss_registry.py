@@ -99,8 +99,9 @@ def test_variant_options_and_clashing_stats_are_refused(toy_variant):
 
 
 def test_unknown_names_list_the_registered_ones():
-    with pytest.raises(ValueError, match=r"algo\.clip_mode must be one of \('ppo', 'offpolicy_grpo'\), got 'cispo'"):
-        GRPOConfig(clip_mode="cispo")
+    with pytest.raises(ValueError, match=r"algo\.clip_mode must be one of \('ppo', 'offpolicy_grpo', "
+                                         r"'decoupled_ppo', .*'cispo'\), got 'gspo_clip'"):
+        GRPOConfig(clip_mode="gspo_clip")
     with pytest.raises(ValueError, match=r"algo\.loss_type must be one of \('grpo', 'bnpo', 'dr_grpo', 'dapo'\)"):
         GRPOConfig(loss_type="token_mean")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import grpolab.algo.corrections  # noqa: F401  (registers the off-policy corrections as clip_mode variants)
 from grpolab.algo.aggregation import get_aggregation
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.policy_loss import IS_LEVELS, POLICY_LOSSES, RATIO_REFERENCES, get_policy_loss
@@ -42,6 +43,14 @@ class LossConfig:
         importance_weight_cap: ``None`` or a finite ``c >= 1``: caps the centre ``pi_k / alpha`` (and scales the
             ratio alike) to ``c``; only for the variants that list it (``offpolicy_grpo``, with
             ``ratio_reference="sampler"``).
+        behaviour_weight_cap: ``None`` or a finite number ``> 1``: ``clip_mode=decoupled_ppo`` drops tokens whose
+            behaviour weight ``pi_prox / alpha`` exceeds it (AReaL's ``behav_imp_weight_cap``).
+        proximal_policy: ``None`` (= ``"anchor"``: ``pi_k``) or ``"loglinear"`` (AReaL's approximation), for
+            ``clip_mode=decoupled_ppo``.
+        is_mask_low: ``None`` or a number in ``[0, 1]``: lower end of the band of ``geo_seq_mask`` and
+            ``token_is_mask`` (null = the variant's published default, :mod:`grpolab.algo.corrections`).
+        is_mask_high: ``None`` or a number ``>= 1``: upper end of the band of ``seq_is_mask``, ``geo_seq_mask``
+            and ``token_is_mask`` (null = the variant's default).
 
     Raises:
         ValueError: naming ``algo.<field>`` for any invalid value; an unknown ``clip_mode`` or ``loss_type``
@@ -58,6 +67,10 @@ class LossConfig:
     max_completion_length: int | None = None
     ratio_reference: str = "sampler"
     importance_weight_cap: float | None = None
+    behaviour_weight_cap: float | None = None
+    proximal_policy: str | None = None
+    is_mask_low: float | None = None
+    is_mask_high: float | None = None
 
     def __post_init__(self) -> None:
         if not (_is_number(self.epsilon) and self.epsilon > 0):
@@ -87,6 +100,13 @@ class LossConfig:
         cap = self.importance_weight_cap
         if cap is not None and not (_is_number(cap) and cap >= 1):
             raise ValueError(f"algo.importance_weight_cap must be null or a finite number >= 1, got {cap!r}")
+        bcap = self.behaviour_weight_cap
+        if bcap is not None and not (_is_number(bcap) and bcap > 1):
+            raise ValueError(f"algo.behaviour_weight_cap must be null or a finite number > 1, got {bcap!r}")
+        for key in ("is_mask_low", "is_mask_high"):
+            value = getattr(self, key)
+            if value is not None and not (_is_number(value) and value >= 0):
+                raise ValueError(f"algo.{key} must be null or a finite number >= 0, got {value!r}")
         self._check_variant_options()
         if variant.check is not None:
             variant.check(self)

@@ -53,6 +53,7 @@ def grpo_loss(
     denominator: float,
     ref_logp: Tensor | None = None,
     token_weights: Tensor | None = None,
+    lag: int = 0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO loss of one micro-batch (to MINIMISE).
 
@@ -78,6 +79,7 @@ def grpo_loss(
         token_weights: ``[B, T]`` detached per-token factors of the loss (KL term included), e.g. the
             truncated importance weights of the engine/trainer mismatch (TRL multiplies ``per_token_loss`` by
             them when ``vllm_importance_sampling_correction`` is on); None = 1.
+        lag: the minibatch's staleness in optimizer steps (:attr:`PolicyLossInputs.lag`), 0 on-policy.
 
     Returns:
         ``(loss, stats)``: ``loss`` is a 0-dim tensor (this micro-batch's sum / ``denominator``);
@@ -113,6 +115,7 @@ def grpo_loss(
         anchor_logp=torch.where(mask, anchor_logp.detach().to(logp.dtype), zeros),
         advantages=advantages.detach().to(logp.dtype).unsqueeze(1),
         mask=mask,
+        lag=int(lag),
     )
     per_token, variant_stats = variant.fn(inputs, cfg)
     kl = None

@@ -49,6 +49,8 @@ class PolicyLossInputs:
         anchor_logp: ``[B, T]``, ``log pi_k`` frozen at the first use of the minibatch, detached.
         advantages: ``[B, 1]``, one advantage per sequence, detached (broadcasts over tokens).
         mask: ``[B, T]`` bool, the loss mask.
+        lag: optimizer steps between the sampler's weights and this step (0 on-policy; one value for the
+            minibatch), for variants that weigh by staleness.
     """
 
     logp: Tensor
@@ -56,6 +58,7 @@ class PolicyLossInputs:
     anchor_logp: Tensor
     advantages: Tensor
     mask: Tensor
+    lag: int = 0
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, Any], "tuple[Tensor, dict[str, Tensor]]"]
