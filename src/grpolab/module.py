@@ -265,6 +265,8 @@ class GRPOModule(L.LightningModule):
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
         div = policy_sampler_divergence(logp, sampler, mask)
         m.update({k: float(v) for k, v in div.items() if k != "num_sequences"})
+        if mb.iteration == 0:  # read by rollout.refresh=adaptive before the next step
+            self.models.drift = m["tv_token"]
         m.update({f"ratio/anchor_{k}": float(v) for k, v in weight_quantiles(logp, sampler, mask).items()})
         seq_mask = mask.any(1)
         cw = c_weight(mb.info["group_std"].to(logp.device), c.advantage_epsilon)

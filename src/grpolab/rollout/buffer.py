@@ -162,6 +162,18 @@ class RolloutBuffer:
         """
         return list(self.minibatches[self.position // self.num_iterations:]) if self.has_pending() else []
 
+    def end_early(self) -> int:
+        """Serve nothing more of this refresh (the next step refreshes); returns the minibatches left unused.
+
+        Raises:
+            RuntimeError: if called inside a minibatch's ``num_iterations`` uses.
+        """
+        if self.position % self.num_iterations:
+            raise RuntimeError("RolloutBuffer.end_early: only at a minibatch boundary")
+        unused = len(self.remaining())
+        self.position = self.steps_per_buffer
+        return unused
+
     def state_dict(self) -> dict[str, Any]:
         """``buffer`` (minibatches as dicts), ``position``, ``rounds``."""
         return {"buffer": [mb.to_dict() for mb in self.minibatches], "position": self.position, "rounds": self.rounds}

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from grpolab.config import GRPOConfig
 from grpolab.handle import PolicyHandle
+from grpolab.rollout.adaptive import DriftRefresh
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
@@ -83,6 +85,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.refresh: SyncRefresh | None = None
         self.skipped_rows = {"train": 0, "val": 0}
         self.ref_refreshed_at = 0  # the step at which the reference last became the policy
+        self.drift_refresh = DriftRefresh(self.settings, cfg.num_iterations)
 
     def connect(self, tokenizer: Any, models: PolicyHandle) -> None:
         """Hand over what is known only once the model spec is built: the tokenizer and the policy handle."""
@@ -125,12 +128,16 @@ class RolloutDataModule(L.LightningDataModule):
         """The minibatch for the coming optimizer step, refilling the buffer when it is used up."""
         step = self._step()
         self._refresh_reference_if_due(step)
+        drift = self.drift_refresh.before_step(step, self.buffer, self.models.drift, self._mean_over_ranks)
         if self.buffer.needs_refresh():
             self.buffer.fill(self.refresh.refill(step, self.buffer.rounds))
         self.refresh.before_step(step, self.buffer, self.trainer.max_steps if self.trainer else None)
         mb = self.buffer.next(step)
         mb.metrics = {"time/rollout": self.refresh.time_rollout_s, "time/weight_sync": self.sampler.take_push_time()}
+        if self.settings.refresh == "adaptive":
+            mb.metrics.update({"rollout/drift": drift, "rollout/drift_refreshes": float(len(self.drift_refresh.steps))})
         return mb
+
 
     def validation_samples(self, rows: list[dict]) -> dict[str, dict[str, Any]]:
         """``sampled`` (``val_num_generations`` per row) and ``greedy`` samples of the live policy."""
@@ -146,6 +153,11 @@ class RolloutDataModule(L.LightningDataModule):
         with self._precision():
             refresh_reference(models.reference, models.policy, self.buffer.remaining(), self.cfg)
         self.ref_refreshed_at = step
+
+    def _mean_over_ranks(self, x: float) -> float:
+        if self.trainer is None or self.trainer.world_size == 1:
+            return x
+        return float(self.trainer.strategy.reduce(torch.tensor(x), reduce_op="mean"))
 
     def _step(self) -> int:
         return int(self.trainer.global_step) if self.trainer is not None else 0

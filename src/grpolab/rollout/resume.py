@@ -127,7 +127,8 @@ def rollout_state(dm: Any, rank: int, world: int) -> dict[str, Any]:
     local = {"buffer": buffer.pop("buffer"), "in_flight": refresh.pop("in_flight"),
              "counters": dict(dm.producer.counters) if dm.producer else {}}
     state = {"prompt_order": dm.prompts.state_dict() if dm.prompts else None, **local, **buffer, **refresh,
-             **dm.sampler.state_dict(), "ref_refreshed_at": dm.ref_refreshed_at, "settings": buffer_settings(dm.cfg)}
+             **dm.sampler.state_dict(), "ref_refreshed_at": dm.ref_refreshed_at, "settings": buffer_settings(dm.cfg),
+             "drift_refresh": dm.drift_refresh.state_dict(), "drift": dm.models.drift if dm.models else None}
     if world > 1:
         state["ranks"] = gather_rank_states(local, rank, world)
     return state
@@ -164,6 +165,9 @@ def load_rollout_state(dm: Any, state: dict[str, Any], rank: int, world: int) ->
     dm.sampler.load_state_dict(state, default_pushes=state["rounds"])
     dm.refresh.load_state_dict(state, None if changed else state.get("in_flight"))
     dm.ref_refreshed_at = state.get("ref_refreshed_at", 0)
+    dm.drift_refresh.load_state_dict(state.get("drift_refresh") or {})
+    if dm.models is not None:
+        dm.models.drift = state.get("drift")
     dm.producer.counters.update(state.get("counters", {}))
 
 
@@ -178,4 +182,4 @@ def rollout_summary(dm: Any) -> dict[str, Any]:
             "time_rollout_s": round(refresh.time_rollout_s if refresh else 0.0, 2),
             **{k: counters.get(k, 0) for k in ("completions", "unscorable", "truncated")},
             **{f"val_{k}": dm.validation_producer.counters.get(k, 0) for k in ("completions", "unscorable")},
-            "skipped_unscorable_rows": dict(dm.skipped_rows)}
+            "skipped_unscorable_rows": dict(dm.skipped_rows), **dm.drift_refresh.summary()}

@@ -36,6 +36,12 @@ class RolloutSettings:
             number of steps, never a timing, decides which steps run on how many threads, so a run stays
             bitwise reproducible (kernels' results can depend on the thread count). null = half the steps of a
             buffer, rounded up (k=10: 5); >= the steps of a buffer keeps the split for the whole buffer.
+        refresh: ``"steps"`` (a refresh every ``algo.steps_per_generation`` minibatches) or ``"adaptive"``: also
+            refresh early, at a minibatch boundary, once the measured policy/sampler drift passes ``max_drift``
+            (:meth:`~grpolab.rollout.datamodule.RolloutDataModule.next_minibatch`). Synchronous generation only.
+        max_drift: the drift bound of ``refresh=adaptive``, ``> 0``: the token-level total-variation estimate
+            ``0.5 * mean_t |pi / alpha - 1|`` over the loss tokens of the last trained minibatch (``train/tv_token``),
+            averaged over ranks.
 
     Raises:
         ValueError: naming ``rollout.<key>``.
@@ -45,6 +51,8 @@ class RolloutSettings:
     max_lag: int | None = None
     generation_timeout_s: float | None = None
     overlap_steps: int | None = None
+    refresh: str = "steps"
+    max_drift: float | None = None
 
     def validate(self, algo: GRPOConfig, engine: type[GenerationEngine]) -> RolloutSettings:
         """Check the values against the algorithm and the engine's capabilities; returns self.
@@ -71,6 +79,21 @@ class RolloutSettings:
         if self.overlap_steps is not None and (isinstance(self.overlap_steps, bool)
                                                or not isinstance(self.overlap_steps, int) or self.overlap_steps < 1):
             raise ValueError(f"rollout.overlap_steps must be null or an integer >= 1, got {self.overlap_steps!r}")
+        if self.refresh not in ("steps", "adaptive"):
+            raise ValueError(f"rollout.refresh must be steps or adaptive, got {self.refresh!r}")
+        if self.refresh == "adaptive":
+            if isinstance(self.max_drift, bool) or not isinstance(self.max_drift, int | float) or not self.max_drift > 0:
+                raise ValueError(f"rollout.refresh=adaptive needs rollout.max_drift, a number > 0 (e.g. 0.05), got "
+                                 f"{self.max_drift!r}")
+            if self.async_generation:
+                raise ValueError("rollout.refresh=adaptive is synchronous only: set rollout.async_generation=false "
+                                 "or rollout.refresh=steps")
+            if algo.steps_per_generation < 2:
+                raise ValueError("rollout.refresh=adaptive ends a buffer early, so it needs algo.steps_per_generation "
+                                 f">= 2 (the latest refresh), got {algo.steps_per_generation}")
+        elif self.max_drift is not None:
+            raise ValueError("rollout.max_drift is read by rollout.refresh=adaptive only: set rollout.refresh=adaptive "
+                             "or rollout.max_drift=null")
         if self.generation_timeout_s is not None and not self.generation_timeout_s > 0:
             raise ValueError(f"rollout.generation_timeout_s must be > 0 or null, got {self.generation_timeout_s!r}")
         return self

@@ -1,0 +1,66 @@
+"""``rollout.refresh=adaptive``: refresh the sampler when the policy has drifted from it, not only every k steps.
+
+Before each optimizer step, :class:`DriftRefresh` reads the drift measured on the minibatch just trained: the
+token-level total-variation estimate ``0.5 * mean_t |pi / alpha - 1|`` over its loss tokens, taken by the
+training forward at the minibatch's first use (``train/tv_token``; the module writes it to the
+:class:`~grpolab.handle.PolicyHandle` the data module reads),
+averaged over ranks so every rank decides alike. When it passes ``rollout.max_drift`` the buffer ends at that
+minibatch boundary and the coming step samples a new one from the current policy. ``algo.steps_per_generation``
+stays the latest refresh. The estimate is free (no extra forward) and one update behind: it is the drift at the
+start of the last step, before that step's update. Theorem 1's bound is in terms of this divergence, so the
+trust region is what the setting controls, rather than k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from grpolab.rollout.buffer import RolloutBuffer
+from grpolab.rollout.settings import RolloutSettings
+
+
+class DriftRefresh:
+    """The early-refresh rule and its counters (checkpointed with the rollout state).
+
+    Args:
+        settings: validated rollout settings (``refresh``, ``max_drift``).
+        num_iterations: ``algo.num_iterations`` (a buffer ends only between minibatches).
+
+    Attributes:
+        steps: optimizer steps (steps taken before them) that refreshed early.
+        unused_minibatches: minibatches those early refreshes left untrained (their prompts are not reused).
+    """
+
+    def __init__(self, settings: RolloutSettings, num_iterations: int) -> None:
+        self.enabled = settings.refresh == "adaptive"
+        self.max_drift = settings.max_drift
+        self.num_iterations = num_iterations
+        self.steps: list[int] = []
+        self.unused_minibatches = 0
+
+    def before_step(self, step: int, buffer: RolloutBuffer, measured: float | None,
+                    mean_over_ranks: Callable[[float], float]) -> float:
+        """End ``buffer`` if ``measured``, the drift of the last trained minibatch, passes the bound; returns the
+        drift averaged over ranks (NaN when disabled or nothing of this buffer was trained yet).
+        ``mean_over_ranks`` is a collective under DDP: every rank calls this at the same step."""
+        if not self.enabled or buffer.position == 0 or measured is None:
+            return math.nan
+        drift = mean_over_ranks(measured)
+        if buffer.has_pending() and buffer.position % self.num_iterations == 0 and drift > self.max_drift:
+            self.unused_minibatches += buffer.end_early()
+            self.steps.append(step)
+        return drift
+
+    def summary(self) -> dict[str, Any]:
+        """``refresh``, ``drift_refreshes`` (count), ``drift_refresh_steps`` and ``unused_minibatches``."""
+        return {"refresh": "adaptive" if self.enabled else "steps", "drift_refreshes": len(self.steps),
+                "drift_refresh_steps": list(self.steps), "unused_minibatches": self.unused_minibatches}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": list(self.steps), "unused_minibatches": self.unused_minibatches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = list(state.get("steps", []))
+        self.unused_minibatches = int(state.get("unused_minibatches", 0))
