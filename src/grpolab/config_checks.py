@@ -214,4 +214,5 @@ def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:
             f"save until {monitor} is logged (the next validation, every trainer.val_check_interval="
             f"{OmegaConf.select(cfg, 'trainer.val_check_interval')} steps). For a checkpoint every {every} steps add "
             "callbacks.model_checkpoint.monitor=null callbacks.model_checkpoint.save_top_k=-1 "
-            "callbacks.model_checkpoint.filename='step{step}'")
+            "callbacks.model_checkpoint.filename='step{step}'; or keep model_checkpoint as it is and set "
+            f"callbacks.periodic_checkpoint.every_n_train_steps={every} (a second checkpoint callback, ranked by step)")

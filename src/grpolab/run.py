@@ -161,13 +161,14 @@ def run_training(cfg: DictConfig) -> dict:
                 trainer.validate(module, datamodule=dm, verbose=False)
             try:
                 trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
-            except TrainingInterrupted as stopped:
-                log.warning("interrupted: %s", stopped)
-            stop.signum = stop.agreed_signum(trainer) or None  # the ranks agree on skipping what follows
+            except TrainingInterrupted as err:
+                log.warning("interrupted: %s", err)
+            stopped = stop.agreed_signum(trainer)  # the ranks agree on skipping what follows (a collective)
+            stop.signum = stop.signum or stopped or None
             last_val = module.val_history[-1]["step"] if module.val_history else None
-            if not stop.signum and last_val != module.global_step:
+            if not stopped and last_val != module.global_step:
                 trainer.validate(module, datamodule=dm, verbose=False)
-            if not stop.signum:
+            if not stopped:
                 final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
         finally:
             dm.engine.close()
