@@ -7,11 +7,14 @@
 
 Instantiation happens in a fixed order and every ``_target_`` is logged. Settings are validated before any
 model is built. Outputs land in the Hydra run folder: metrics.csv, summary.json, checkpoints/, policy/.
+Ctrl-C or SIGTERM during training saves checkpoints/last.ckpt at the next step boundary, summary.json
+("interrupted": true) and policy/, then exits 130 (SIGINT) or 143 (SIGTERM); a second signal aborts at once.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -32,6 +35,8 @@ def main(cfg: DictConfig) -> float | None:
         print_plan(cfg)
         return None
     summary = task_wrapper(run_training)(cfg)
+    if summary is not None and summary.get("interrupted"):  # Ctrl-C / SIGTERM: outputs saved, exit 130 / 143
+        sys.exit(128 + signal.Signals[summary["signal"]])
     return None if summary is None else summary.get("val_accuracy_end")
 
 

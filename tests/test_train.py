@@ -158,3 +158,13 @@ def test_checkpoint_every_n_steps_with_a_monitor_warns_and_the_documented_keys_s
     assert "monitor=null" not in caplog.text
     assert sorted(p.name for p in (tmp_path / "every" / "checkpoints").iterdir()) == ["last.ckpt", "step1.ckpt",
                                                                                       "step2.ckpt"]
+
+
+def test_periodic_checkpoints_by_default_keep_the_newest_and_last_ckpt_beside_the_best(tmp_path):
+    assert compose_train_cfg(tmp_path, []).callbacks.periodic_checkpoint.every_n_train_steps == 100  # the default
+    _run(tmp_path, "callbacks.periodic_checkpoint.every_n_train_steps=2", "trainer.max_steps=6",
+         "trainer.val_check_interval=3", "val.at_start=false", "save_policy=false")
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    best = [n for n in names if "-acc" in n]
+    assert len(best) == 1 and sorted(set(names) - set(best)) == ["last.ckpt", "step4.ckpt", "step6.ckpt"]
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6

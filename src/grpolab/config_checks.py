@@ -174,6 +174,30 @@ def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
     return p
 
 
+def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path") -> int:
+    """Refuse a resume whose ``trainer.max_steps`` the checkpoint has already reached (it would train nothing).
+
+    The checkpoint is memory-mapped, so only its header is read, not the weights.
+
+    Returns:
+        The checkpoint's step (``global_step``, the optimizer steps done).
+
+    Raises:
+        ValueError: naming ``trainer.max_steps``, the checkpoint's step and the fix (a larger ``trainer.max_steps``).
+    """
+    import torch
+
+    try:
+        ckpt = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
+        ckpt = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False)
+    step = int(ckpt.get("global_step", 0)) if isinstance(ckpt, dict) else 0
+    if isinstance(max_steps, int) and max_steps >= 0 and step >= max_steps:
+        raise ValueError(f"trainer.max_steps={max_steps} is already reached by {key}={path} (step {step}): nothing "
+                         f"to train. To continue the run, resume with trainer.max_steps=<larger than {step}>")
+    return step
+
+
 def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:
     """The message for ``callbacks.model_checkpoint.every_n_train_steps`` set together with a ``monitor``.
 
@@ -190,4 +214,5 @@ def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:
             f"save until {monitor} is logged (the next validation, every trainer.val_check_interval="
             f"{OmegaConf.select(cfg, 'trainer.val_check_interval')} steps). For a checkpoint every {every} steps add "
             "callbacks.model_checkpoint.monitor=null callbacks.model_checkpoint.save_top_k=-1 "
-            "callbacks.model_checkpoint.filename='step{step}'")
+            "callbacks.model_checkpoint.filename='step{step}'; or keep model_checkpoint as it is and set "
+            f"callbacks.periodic_checkpoint.every_n_train_steps={every} (a second checkpoint callback, ranked by step)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -15,12 +16,18 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.config import GRPOConfig
-from grpolab.config_checks import check_checkpoint, check_types, checkpoint_cadence_warning
+from grpolab.config_checks import (
+    check_checkpoint,
+    check_resume_steps,
+    check_types,
+    checkpoint_cadence_warning,
+)
 from grpolab.distributed import check_trainer, sum_over_ranks
 from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.lora import count_parameters, save_policy, validate_lora
@@ -96,6 +103,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"resume_drop_buffer must be true or false, got {drop!r}")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
+        check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
     engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
@@ -122,37 +130,67 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         log.warning(cadence)
     if OmegaConf.select(cfg, "trainer.enable_progress_bar") is False:  # Lightning refuses a bar callback then
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    # Ctrl-C / SIGTERM: last.ckpt at the next step boundary, next to the ModelCheckpoint that owns last.ckpt
+    ckpt_dir = next((c.dirpath for c in callbacks if isinstance(c, ModelCheckpoint) and c.save_last and c.dirpath),
+                    Path(cfg.paths.output_dir) / "checkpoints")
+    stop = StopOnSignal(ckpt_dir)
+    callbacks.append(stop)
     silence_expected_lightning_warnings()
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
     trainer = _build(cfg, "trainer", callbacks=callbacks, logger=loggers)
-    return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer}
+    return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer, "stop": stop}
 
 
 def run_training(cfg: DictConfig) -> dict:
-    """Fit and write ``summary.json`` and ``policy/`` into the run folder. Returns the summary."""
+    """Fit and write ``summary.json`` and ``policy/`` into the run folder. Returns the summary.
+
+    SIGINT/SIGTERM during training (see :mod:`grpolab.callbacks.interrupt`): training stops at the next step
+    boundary with ``checkpoints/last.ckpt``; the post-training validation and final eval are skipped, and the
+    summary (``"interrupted": true``, ``"signal"``) and ``policy/`` are written as usual. ``src/train.py`` then
+    exits with 128 + the signal number. A finished run has ``"interrupted": false``.
+    """
     start = time.perf_counter()
     out = Path(cfg.paths.output_dir)
     parts = build(cfg)
-    trainer, module, dm, algo = parts["trainer"], parts["module"], parts["datamodule"], parts["algo"]
-    try:
-        if cfg.val.at_start and not cfg.ckpt_path:
-            trainer.validate(module, datamodule=dm, verbose=False)
-        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
-        if not module.val_history or module.val_history[-1]["step"] != module.global_step:
-            trainer.validate(module, datamodule=dm, verbose=False)
-        final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
-    finally:
-        dm.engine.close()
-    summary = summarize(cfg, algo, module, dm, time.perf_counter() - start)
+    trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
+    stop: StopOnSignal = parts["stop"]
+    final: dict = {}
+    with stop:  # from here until the outputs are written: a signal stops at a step boundary, a second aborts
+        try:
+            if cfg.val.at_start and not cfg.ckpt_path:
+                trainer.validate(module, datamodule=dm, verbose=False)
+            try:
+                trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+            except TrainingInterrupted as err:
+                log.warning("interrupted: %s", err)
+            stopped = stop.agreed_signum(trainer)  # the ranks agree on skipping what follows (a collective)
+            stop.signum = stop.signum or stopped or None
+            last_val = module.val_history[-1]["step"] if module.val_history else None
+            if not stopped and last_val != module.global_step:
+                trainer.validate(module, datamodule=dm, verbose=False)
+            if not stopped:
+                final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
+        finally:
+            dm.engine.close()
+        return write_outputs(cfg, parts, final, time.perf_counter() - start)
+
+
+def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float) -> dict:
+    """Write ``summary.json`` (rank 0) and ``policy/`` (``save_policy``; every rank takes part). Returns the
+    summary."""
+    out = Path(cfg.paths.output_dir)
+    trainer, module, stop = parts["trainer"], parts["module"], parts["stop"]
+    summary = summarize(cfg, parts["algo"], module, parts["datamodule"], total_s)
+    summary.update(interrupted=bool(stop.signum), signal=signal.Signals(stop.signum).name if stop.signum else None)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
     summary.update(final, memory_plan=plan_summary(cfg))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
+        out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
         save_policy(module.policy, module.tokenizer, out / "policy", write=trainer.is_global_zero)
-    if not trainer.is_global_zero:
-        return summary
-    log.info("summary: %s", json.dumps(summary))
+    if trainer.is_global_zero:
+        log.info("summary: %s", json.dumps(summary))
     return summary
 
 

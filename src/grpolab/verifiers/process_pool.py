@@ -13,6 +13,7 @@ import math
 import os
 import pickle
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -75,7 +76,13 @@ class _FrameReader:
 
 
 def _worker_main() -> None:
-    """Entry point of a worker process (run as an import, so pickled classes keep their module name)."""
+    """Entry point of a worker process (run as an import, so pickled classes keep their module name).
+
+    Ctrl-C and SIGTERM sent to the whole process group (a terminal, SLURM) are ignored: the training process
+    decides when to stop, and closes its workers (or they see end-of-file on stdin when it dies).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints from libraries must not corrupt the protocol pipe
     reader = _FrameReader(0)

@@ -1,0 +1,130 @@
+"""Runs that survive interruption: Ctrl-C (SIGINT) or SIGTERM (what SLURM sends) stops training at the next step
+boundary with a resumable ``last.ckpt``; a second signal aborts at once.
+
+``run_training`` wraps ``trainer.fit`` .. ``summary.json`` / ``policy/`` in a :class:`StopOnSignal` (installed as a
+context manager and as a Lightning callback). The signal handler only records the signal; the callback checks it
+in ``on_train_batch_end`` (every rank at the same step, see below), saves ``checkpoints/last.ckpt`` with
+``trainer.save_checkpoint`` (the same state a ``ModelCheckpoint(every_n_train_steps=...)`` save holds at that point,
+so a resume from it is exact) and raises :class:`TrainingInterrupted`, which Lightning passes through its
+``on_exception`` hooks and teardown. ``run_training`` catches it, writes ``summary.json`` (``"interrupted": true``,
+``"signal"``, ``"steps"``) and ``policy/``, and ``src/train.py`` exits with 128 + the signal number (130 for
+SIGINT, 143 for SIGTERM).
+
+Several processes (DDP/FSDP): each rank's flag is max-reduced over the ranks at every step boundary, so when only
+rank 0 gets the signal (``kill <pid>``) every rank still stops at the same step, saves its part of the checkpoint
+and writes nothing else twice; no rank waits in a collective the others never reach. A second signal on one rank
+aborts that rank at once (and, under Lightning's subprocess launcher, kills the ranks it launched, as Lightning
+does on Ctrl-C); other ranks started by torchrun/SLURM then fail at their next collective
+(``trainer.strategy.timeout``) unless they got the signal too, as a terminal Ctrl-C or SLURM's SIGTERM delivers it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning as L
+import torch
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(Exception):
+    """Raised at a step boundary after a signal, once ``last.ckpt`` is written.
+
+    Attributes:
+        signum: the signal number (the one any rank received; the largest if ranks got different ones).
+        step: the optimizer steps done (``trainer.global_step``).
+        ckpt_path: the checkpoint written.
+    """
+
+    def __init__(self, signum: int, step: int, ckpt_path: Path) -> None:
+        super().__init__(f"{signal.Signals(signum).name} at step {step}; resume with ckpt_path={ckpt_path}")
+        self.signum, self.step, self.ckpt_path = signum, step, ckpt_path
+
+
+class StopOnSignal(L.Callback):
+    """Record SIGINT/SIGTERM; at the next training step boundary save ``last.ckpt`` and raise
+    :class:`TrainingInterrupted`. A second signal restores the default action and re-sends itself (abort now).
+
+    Use as ``with stop:`` around fit and the writing of the outputs (the handlers are restored on exit), and pass it
+    to the trainer's callbacks (it re-installs its handlers in ``on_train_start``, over Lightning's SIGTERM handler,
+    whose broadcast from inside the handler would hang the ranks that did not get the signal).
+
+    Args:
+        ckpt_dir: where ``last.ckpt`` goes (the ``ModelCheckpoint`` dirpath, so a later save_last overwrites it).
+    """
+
+    def __init__(self, ckpt_dir: str | Path) -> None:
+        super().__init__()
+        self.ckpt_dir = Path(ckpt_dir)
+        self.signum: int | None = None  # the signal this process received
+        self._previous: dict[int, Any] = {}
+        self._trainer: L.Trainer | None = None
+
+    # ------------------------------------------------------------------ handlers
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.getsignal(s) for s in SIGNALS}
+            self._install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _install(self) -> None:
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                signal.signal(s, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:  # the second signal: abort now, as if nothing handled it
+            log.warning("%s again: aborting now, without saving", name)
+            self._kill_launched_ranks()
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        log.warning("%s received: stopping after the current training step and saving %s (send it again to abort "
+                    "now)", name, self.ckpt_dir / "last.ckpt")
+
+    def _kill_launched_ranks(self) -> None:
+        from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+        launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
+        if isinstance(launcher, _SubprocessScriptLauncher):
+            launcher.kill(signal.SIGKILL)
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trainer = trainer
+        self._install()  # Lightning's signal connector replaced our SIGTERM handler when fit started
+
+    def agreed_signum(self, trainer: L.Trainer) -> int:
+        """The signal any rank received (0 = none): a max over the ranks under DDP/FSDP, this process's flag
+        otherwise. Every rank must call it at the same point (it is a collective with several processes)."""
+        if trainer.world_size <= 1:
+            return self.signum or 0
+        flag = torch.tensor([self.signum or 0], device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(flag, reduce_op="max").item())
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        signum = self.agreed_signum(trainer)
+        if not signum:
+            return
+        self.signum = self.signum or signum  # a rank that did not get the signal stops with the same one
+        path = self.ckpt_dir / "last.ckpt"
+        trainer.save_checkpoint(path)  # every rank takes part (sharded strategies), rank 0 writes
+        log.warning("%s: stopped at step %d; saved %s", signal.Signals(signum).name, trainer.global_step, path)
+        raise TrainingInterrupted(signum, trainer.global_step, path)

@@ -1,0 +1,109 @@
+"""Runs that survive interruption: real SIGINT (terminal Ctrl-C: the whole process group) and SIGTERM (SLURM: the
+process alone) sent to ``python src/train.py``; the saved last.ckpt resumes to the uninterrupted run's weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
+from safetensors.torch import load_file
+
+from grpolab.run import build
+
+TOTAL = 24  # optimizer steps of the reference run; the interrupted runs stop well before it
+COMMON = [*FAST_OVERRIDES, "val.at_start=false", "trainer.val_check_interval=1000",
+          "callbacks.completions.every_n_steps=1000"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+def _cmd(out: Path, *overrides: str) -> list[str]:
+    return [sys.executable, str(REPO_ROOT / "src" / "train.py"), *COMMON, f"hydra.run.dir={out}", *overrides]
+
+
+def _train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """Run src/train.py to the end in a fresh process (one torch thread, as the interrupted runs)."""
+    return subprocess.run(_cmd(out, *overrides), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+
+
+def _interrupt(out: Path, sig: signal.Signals, group: bool, after_rows: int = 3) -> tuple[int, str]:
+    """Start a long run in its own session, wait until metrics.csv has ``after_rows`` steps, send ``sig`` to its
+    process group (``group``) or to the process alone. Returns the exit status and the output."""
+    proc = subprocess.Popen(_cmd(out, "trainer.max_steps=1000"), cwd=REPO_ROOT, env=ENV, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics, deadline = out / "metrics.csv", time.monotonic() + 180
+    try:
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) > after_rows):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no training steps within 180 s"
+            time.sleep(0.1)
+        (os.killpg if group else os.kill)(proc.pid, sig)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, output
+
+
+def _policy(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "policy" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """One uninterrupted TOTAL-step run, shared by the tests."""
+    out = tmp_path_factory.mktemp("interrupt") / "reference"
+    res = _train(out, f"trainer.max_steps={TOTAL}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is False and summary["signal"] is None and summary["steps"] == TOTAL
+    return out
+
+
+def _check_interrupted_then_resume(reference: Path, out: Path, rc: int, output: str, sig: signal.Signals) -> None:
+    assert rc == 128 + sig, output[-3000:]  # 130 for SIGINT, 143 for SIGTERM
+    ckpt = out / "checkpoints" / "last.ckpt"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["signal"] == sig.name
+    step = summary["steps"]
+    assert 0 < step < TOTAL, step
+    assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == step  # the step reached
+    assert (out / "policy" / "model.safetensors").exists()
+    # resumed to the reference's length: bit for bit the uninterrupted run's weights
+    resumed = out.parent / f"{out.name}_resumed"
+    res = _train(resumed, f"trainer.max_steps={TOTAL}", f"ckpt_path={ckpt}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((resumed / "summary.json").read_text())["steps"] == TOTAL
+    a, b = _policy(reference), _policy(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ctrl_c_to_the_process_group_saves_a_resumable_checkpoint_and_exits_130(reference, tmp_path):
+    out = tmp_path / "sigint"
+    rc, output = _interrupt(out, signal.SIGINT, group=True)
+    assert "SIGINT received: stopping after the current training step" in output
+    _check_interrupted_then_resume(reference, out, rc, output, signal.SIGINT)
+
+
+def test_sigterm_to_the_process_saves_a_resumable_checkpoint_and_exits_143(reference, tmp_path):
+    out = tmp_path / "sigterm"
+    rc, output = _interrupt(out, signal.SIGTERM, group=False)
+    _check_interrupted_then_resume(reference, out, rc, output, signal.SIGTERM)
+
+
+def test_resume_past_max_steps_says_so_and_how_to_continue(reference, tmp_path):
+    ckpt = reference / "checkpoints" / "last.ckpt"
+    cfg = compose_train_cfg(tmp_path, [*COMMON, f"trainer.max_steps={TOTAL}", f"ckpt_path={ckpt}"])
+    with pytest.raises(ValueError) as err:
+        build(cfg)  # before any model is built
+    msg = str(err.value)
+    assert f"trainer.max_steps={TOTAL} is already reached" in msg and f"(step {TOTAL})" in msg
+    assert f"trainer.max_steps=<larger than {TOTAL}>" in msg and "\n" not in msg
