@@ -201,13 +201,27 @@ def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:
             "callbacks.model_checkpoint.filename='step{step}'")
 
 
+def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """The dotted keys whose value is ``???``, read without resolving any interpolation."""
+    out = []
+    for key in node.keys():
+        child = node._get_node(key)
+        if child is None or child._is_interpolation():
+            continue
+        if child._is_missing():
+            out.append(f"{prefix}{key}")
+        elif isinstance(child, DictConfig):
+            out.extend(_missing_keys(child, f"{prefix}{key}."))
+    return out
+
+
 def check_required(cfg: DictConfig) -> None:
     """Refuse a value left ``???`` (OmegaConf's mandatory marker), e.g. ``data.path`` of ``data=jsonl``.
 
     Raises:
         ConfigError: naming every such key and how to set it (``data.path=<value>``).
     """
-    missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not str(k).startswith("hydra."))
+    missing = sorted(k for k in _missing_keys(cfg) if not k.startswith("hydra."))
     if missing:
         keys = " ".join(f"{k}=<value>" for k in missing)
         raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required and not set: add "
