@@ -108,7 +108,6 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     import_plugins(cfg.get("imports") or [])  # they may register loss variants that algo.* names
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
     check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc), before any model
-    check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named, before any model
     drop = cfg.get("resume_drop_buffer", False)
     if not isinstance(drop, bool):
         raise ConfigError(f"resume_drop_buffer must be true or false, got {drop!r}: set resume_drop_buffer=true "
@@ -120,6 +119,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_final_eval(cfg.get("final_eval"))
     check_memory_plan(cfg, algo, lora)  # logged; refuses a run that cannot fit (plan.check) before any model
+    check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named, before any model
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     verifier = _build(cfg, "verifier")
