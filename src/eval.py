@@ -6,7 +6,8 @@
     python src/eval.py model=qwen0.5b data=gsm8k verifier=gsm8k algo.max_completion_length=256   # hub id
 
 The task, verifier and sampling settings come from the training config groups (conf/eval.yaml). Outputs
-land in the Hydra run folder (outputs/eval/<timestamp>/): eval.json and completions.jsonl.
+land in the Hydra run folder (outputs/eval/<timestamp>/): eval.json and completions.jsonl. A config error
+prints one line, ``eval.py: error: ...``, and exits with status 2 (``GRPOLAB_TRACEBACK=1``: the traceback).
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/eval.py` without install
 
-from grpolab.evaluation.evaluate import evaluate  # noqa: E402
+from grpolab.cli import check_overrides, report_user_errors  # noqa: E402
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
 def main(cfg: DictConfig) -> float | None:
-    return evaluate(cfg).get("accuracy")
+    with report_user_errors("eval.py"):
+        from grpolab.evaluation.evaluate import evaluate  # torch: after the override check
+
+        return evaluate(cfg).get("accuracy")
 
 
 if __name__ == "__main__":
+    check_overrides(CONFIG_DIR, "eval", "eval.py")  # a misspelt key: one line naming the closest keys
     main()

@@ -9,11 +9,14 @@ Instantiation happens in a fixed order and every ``_target_`` is logged. Setting
 model is built. Outputs land in the Hydra run folder: metrics.csv, summary.json, checkpoints/, policy/.
 Ctrl-C or SIGTERM during training saves checkpoints/last.ckpt at the next step boundary, summary.json
 ("interrupted": true) and policy/, then exits 130 (SIGINT) or 143 (SIGTERM); a second signal aborts at once.
+
+A config error (a wrong value or type, a missing file, conflicting settings, a misspelt key) prints one line,
+``train.py: error: <key>: <what to change>``, and exits with status 2; ``GRPOLAB_TRACEBACK=1`` shows the
+traceback (see docs/training.md, "Errors").
 """
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -23,22 +26,27 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
-from grpolab.plan_check import print_plan, wants_plan_only  # noqa: E402
-from grpolab.run import run_training, task_wrapper  # noqa: E402
+from grpolab.cli import check_overrides, report_user_errors  # noqa: E402
 
-log = logging.getLogger("grpolab.train")
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
-        print_plan(cfg)
-        return None
-    summary = task_wrapper(run_training)(cfg)
+    with report_user_errors("train.py"):
+        # torch and Lightning are imported after the override check, so a misspelt key is refused in a second
+        from grpolab.plan_check import print_plan, wants_plan_only
+        from grpolab.run import run_training, task_wrapper
+
+        if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
+            print_plan(cfg)
+            return None
+        summary = task_wrapper(run_training)(cfg)
     if summary is not None and summary.get("interrupted"):  # Ctrl-C / SIGTERM: outputs saved, exit 130 / 143
         sys.exit(128 + signal.Signals[summary["signal"]])
     return None if summary is None else summary.get("val_accuracy_end")
 
 
 if __name__ == "__main__":
+    check_overrides(CONFIG_DIR, "train", "train.py")  # a misspelt key: one line naming the closest keys
     main()

@@ -7,6 +7,7 @@ Field names follow TRL's ``GRPOConfig`` where TRL has one. Every check raises a 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import typing
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 
 from grpolab.algo.loss_config import LossConfig
 from grpolab.config_checks import simple_types, type_error
+from grpolab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +70,11 @@ class GRPOConfig(LossConfig):
             allowed = simple_types(hints[f.name])
             msg = type_error(f"algo.{f.name}", getattr(self, f.name), allowed) if allowed else None
             if msg:
-                raise ValueError(msg)
+                raise ConfigError(msg)
 
         def need(ok: bool, key: str, what: str) -> None:
             if not ok:
-                raise ValueError(f"algo.{key} {what}, got {getattr(self, key)!r}")
+                raise ConfigError(f"algo.{key} {what}, got {getattr(self, key)!r}")
 
         need(self.num_generations >= 2, "num_generations", "must be >= 2 (a group of one has no baseline)")
         need(self.per_device_train_batch_size >= self.num_generations
@@ -141,7 +143,13 @@ class GRPOConfig(LossConfig):
         skip = {"optimizer", "lr_scheduler"}
         unknown = sorted(set(values) - known - skip)
         if unknown:
-            raise ValueError(f"algo: unknown key(s) {unknown}; known keys: {sorted(known)}")
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, sorted(known), n=2)
+                hints.append(f"algo.{key} (did you mean {' or '.join(f'algo.{c}' for c in close)}?)" if close
+                             else f"algo.{key}")
+            raise ConfigError(f"algo: unknown key(s) {', '.join(hints)}; correct or remove them (known keys: "
+                              f"{', '.join(sorted(known))})")
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def to_dict(self) -> dict[str, Any]:

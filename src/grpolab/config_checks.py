@@ -10,6 +10,12 @@ Lightning after the model was built.
   or a union of these); keys of other types are left to the target. ``algo`` is checked by
   :class:`~grpolab.config.GRPOConfig` (its dataclass annotations), ``val`` and ``seed`` here.
 - :func:`check_checkpoint` refuses a missing, empty or non-PyTorch ``ckpt_path`` naming the path.
+- :func:`check_required` refuses a value left ``???`` (``data.path`` of ``data=jsonl``), and :func:`check_paths`
+  a ``data.path`` / ``data.test_path`` file or a local ``model.path`` / ``model.name_or_path`` /
+  ``model.tokenizer_path`` folder that does not exist (and, offline, a hub id that is not in the local cache).
+
+Every error is a :class:`~grpolab.errors.ConfigError` (a ``ValueError``), which ``src/train.py`` and
+``src/eval.py`` print as one line.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from grpolab.errors import ConfigError, ConfigPathError
 
 _SIMPLE = (int, float, bool, str, type(None))
 _NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
@@ -124,8 +132,8 @@ def check_types(cfg: DictConfig, groups: tuple[str, ...] = ("data", "verifier", 
     """Type-check the instantiable parts of a composed training config, plus ``val`` and ``seed``.
 
     Raises:
-        ValueError: listing every ``<group>.<key>`` whose value has the wrong type, e.g.
-            ``trainer.max_steps must be an integer, got 'abc' (str)``.
+        ConfigError: listing (``; ``-separated, on one line) every ``<group>.<key>`` whose value has the wrong
+            type, e.g. ``trainer.max_steps must be an integer, got 'abc' (str)``.
     """
     errors: list[str] = []
     for key, allowed in (("seed", (int,)),):
@@ -145,7 +153,7 @@ def check_types(cfg: DictConfig, groups: tuple[str, ...] = ("data", "verifier", 
             continue
         _walk(OmegaConf.to_container(cfg[group], resolve=True), group, errors)
     if errors:
-        raise ValueError("invalid config value(s):\n  " + "\n  ".join(errors))
+        raise ConfigError("; ".join(errors))
 
 
 def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
@@ -155,22 +163,22 @@ def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
         The path.
 
     Raises:
-        FileNotFoundError: if it does not exist (or is a folder).
-        ValueError: if it is empty (e.g. the run was killed while writing it) or not a PyTorch
+        ConfigPathError: (a ``FileNotFoundError``) if it does not exist (or is a folder).
+        ConfigError: if it is empty (e.g. the run was killed while writing it) or not a PyTorch
             checkpoint (neither a zip archive, as ``torch.save`` writes, nor a legacy pickle).
     """
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"{key}={path}: no such checkpoint file")
+        raise ConfigPathError(f"{key}={path}: no such checkpoint file")
     size = p.stat().st_size
     if size == 0:
-        raise ValueError(f"{key}={path}: the checkpoint file is empty (0 bytes); it was probably cut off while "
-                         "being written. Resume from another checkpoint (e.g. checkpoints/last.ckpt)")
+        raise ConfigError(f"{key}={path}: the checkpoint file is empty (0 bytes); it was probably cut off while "
+                          "being written. Resume from another checkpoint (e.g. checkpoints/last.ckpt)")
     with p.open("rb") as f:
         head = f.read(2)
     if not zipfile.is_zipfile(p) and head[:1] != b"\x80":
-        raise ValueError(f"{key}={path}: not a PyTorch checkpoint ({size} bytes, neither a zip archive nor a "
-                         "pickle); it may be truncated or another kind of file")
+        raise ConfigError(f"{key}={path}: not a PyTorch checkpoint ({size} bytes, neither a zip archive nor a "
+                          "pickle); it may be truncated or another kind of file")
     return p
 
 
@@ -193,7 +201,7 @@ def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path")
         ckpt = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False)
     step = int(ckpt.get("global_step", 0)) if isinstance(ckpt, dict) else 0
     if isinstance(max_steps, int) and max_steps >= 0 and step >= max_steps:
-        raise ValueError(f"trainer.max_steps={max_steps} is already reached by {key}={path} (step {step}): nothing "
+        raise ConfigError(f"trainer.max_steps={max_steps} is already reached by {key}={path} (step {step}): nothing "
                          f"to train. To continue the run, resume with trainer.max_steps=<larger than {step}>")
     return step
 
@@ -216,3 +224,120 @@ def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:
             "callbacks.model_checkpoint.monitor=null callbacks.model_checkpoint.save_top_k=-1 "
             "callbacks.model_checkpoint.filename='step{step}'; or keep model_checkpoint as it is and set "
             f"callbacks.periodic_checkpoint.every_n_train_steps={every} (a second checkpoint callback, ranked by step)")
+
+
+def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """The dotted keys whose value is ``???``, read without resolving any interpolation."""
+    out = []
+    for key in node.keys():
+        child = node._get_node(key)
+        if child is None or child._is_interpolation():
+            continue
+        if child._is_missing():
+            out.append(f"{prefix}{key}")
+        elif isinstance(child, DictConfig):
+            out.extend(_missing_keys(child, f"{prefix}{key}."))
+    return out
+
+
+def check_required(cfg: DictConfig) -> None:
+    """Refuse a value left ``???`` (OmegaConf's mandatory marker), e.g. ``data.path`` of ``data=jsonl``.
+
+    Raises:
+        ConfigError: naming every such key and how to set it (``data.path=<value>``).
+    """
+    missing = sorted(k for k in _missing_keys(cfg) if not k.startswith("hydra."))
+    if missing:
+        keys = " ".join(f"{k}=<value>" for k in missing)
+        raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required and not set: add "
+                          f"{keys} to the command line")
+
+
+HUB_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def _offline() -> bool:
+    import os
+
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in HUB_OFFLINE_VARS)
+
+
+def looks_local(value: str) -> bool:
+    """True when a model/tokenizer setting is meant as a local folder: absolute, ``./``, ``../``, ``~`` or an
+    existing path (``Qwen/Qwen2.5-0.5B-Instruct`` is a hub id)."""
+    return value.startswith(("/", "./", "../", "~")) or Path(value).expanduser().exists()
+
+
+def check_local_folder(key: str, value: Any, always_local: bool = False) -> None:
+    """Refuse a local folder that does not exist, naming the key, before transformers reads it as a hub id.
+
+    ``value`` is taken as local when ``always_local`` or when :func:`looks_local`; a hub id is left alone.
+
+    Raises:
+        ConfigPathError: if the folder does not exist, or is a file.
+    """
+    if not value:
+        return
+    text = str(value)
+    if not (always_local or looks_local(text)):
+        return
+    folder = Path(text).expanduser()
+    if not folder.exists():
+        raise ConfigPathError(f"{key}={text}: the folder does not exist (resolved from the working directory "
+                              f"{Path.cwd()}); give an existing Hugging Face model folder")
+    if not folder.is_dir():
+        raise ConfigPathError(f"{key}={text}: not a folder (give the Hugging Face model folder, not a file)")
+
+
+def _check_hub_cached(key: str, repo_id: str, filename: str) -> None:
+    """Offline (``HF_HUB_OFFLINE=1``): refuse a hub id whose ``filename`` is not in the local cache."""
+    if not _offline():
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return
+    try:
+        found = try_to_load_from_cache(repo_id, filename)
+    except Exception:  # an id the hub library refuses to parse: transformers names it later
+        return
+    if not isinstance(found, str):
+        raise ConfigPathError(f"{key}={repo_id}: a hub id, but the hub is offline (HF_HUB_OFFLINE/"
+                              "TRANSFORMERS_OFFLINE) and it is not in the local cache; give model.path=<local "
+                              "folder>, or download it once with a network")
+
+
+def check_paths(cfg: DictConfig, data_node: str = "data") -> None:
+    """Refuse, before anything is built, the files and folders of the config that do not exist.
+
+    - ``<data_node>.path`` and ``<data_node>.test_path``: a file that does not exist (null = the task's default,
+      e.g. the hub);
+    - ``model.path`` (always a local folder), ``model.tokenizer_path`` and ``model.name_or_path`` (when
+      :func:`looks_local`): a folder that does not exist;
+    - offline (``HF_HUB_OFFLINE=1``), a ``model.name_or_path`` hub id that the run needs (no ``model.path``)
+      and that is not in the local cache.
+
+    Raises:
+        ConfigPathError: naming the key, the value and the fix.
+    """
+    data = OmegaConf.select(cfg, data_node)
+    if isinstance(data, DictConfig):
+        for key in ("path", "test_path"):
+            value = data.get(key) if key in data and not OmegaConf.is_missing(data, key) else None
+            if value and not Path(str(value)).expanduser().is_file():
+                what = "a folder, not a file" if Path(str(value)).expanduser().is_dir() else "no such file"
+                raise ConfigPathError(f"{data_node}.{key}={value}: {what} (resolved from the working directory "
+                                      f"{Path.cwd()}); give a .jsonl/.json/.parquet file"
+                                      + ("" if key == "path" and data.get("hub_id") is None else
+                                         f", or {data_node}.{key}=null"))
+    model = cfg.get("model")
+    if not isinstance(model, DictConfig):
+        return
+    path, name, tok = model.get("path"), model.get("name_or_path"), model.get("tokenizer_path")
+    check_local_folder("model.path", path, always_local=True)
+    check_local_folder("model.tokenizer_path", tok)
+    check_local_folder("model.name_or_path", name)
+    if name and not path and not looks_local(str(name)):
+        random = model.get("init") == "random"
+        if not (random and tok):  # init=random reads only the tokenizer from name_or_path
+            _check_hub_cached("model.name_or_path", str(name), "tokenizer_config.json" if random else "config.json")

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpolab.errors import ConfigError
+
 
 def sum_over_ranks(strategy: Any, counts: dict[str, int]) -> dict[str, int]:
     """``counts`` summed over every data-parallel rank with one all-reduce; a copy of ``counts`` with one process.
@@ -137,7 +139,7 @@ def check_devices(accelerator: str | None, devices: object, num_nodes: int = 1) 
         ValueError: naming ``trainer.devices`` (or ``trainer.num_nodes``) and what the machine has.
     """
     if not (isinstance(num_nodes, int) and num_nodes >= 1):
-        raise ValueError(f"trainer.num_nodes must be an int >= 1, got {num_nodes!r}")
+        raise ConfigError(f"trainer.num_nodes must be an int >= 1, got {num_nodes!r}")
     if devices in ("auto", -1, "-1", None):
         return
     if isinstance(devices, str):
@@ -147,19 +149,19 @@ def check_devices(accelerator: str | None, devices: object, num_nodes: int = 1) 
             devices = [d for d in devices.split(",") if d.strip()]
     count = len(devices) if isinstance(devices, (list, tuple)) else devices
     if not (isinstance(count, int) and count >= 1):
-        raise ValueError(f"trainer.devices must be an int >= 1, a list of ids, 'auto' or -1, got {devices!r}")
+        raise ConfigError(f"trainer.devices must be an int >= 1, a list of ids, 'auto' or -1, got {devices!r}")
     acc = (accelerator or "auto").lower()
     gpus = torch.cuda.device_count()
     if acc in ("gpu", "cuda") or (acc == "auto" and gpus > 0):
         if count > gpus:
-            raise ValueError(f"trainer.devices={count} but this machine has {gpus} GPU(s) "
-                             f"(torch.cuda.device_count()); lower trainer.devices or use more nodes "
-                             f"(trainer.num_nodes)")
+            raise ConfigError(f"trainer.devices={count} but this machine has {gpus} GPU(s) "
+                              f"(torch.cuda.device_count()); lower trainer.devices or use more nodes "
+                              f"(trainer.num_nodes)")
     elif acc == "cpu":
         cpus = os.cpu_count() or 1
         if count > cpus:
-            raise ValueError(f"trainer.devices={count} CPU processes but this machine has {cpus} cores "
-                             f"(os.cpu_count()); lower trainer.devices")
+            raise ConfigError(f"trainer.devices={count} CPU processes but this machine has {cpus} cores "
+                              f"(os.cpu_count()); lower trainer.devices")
 
 
 def check_trainer(trainer: Any, export_lora: bool = False, engine: Any = None) -> None:
@@ -188,21 +190,21 @@ def check_trainer(trainer: Any, export_lora: bool = False, engine: Any = None) -
 
         backend_ok = dist.is_available() and (dist.is_nccl_available() if on_gpu else dist.is_gloo_available())
         if not backend_ok:
-            raise ValueError(f"trainer=fsdp cannot run here: this torch build has no torch.distributed "
-                             f"{'nccl' if on_gpu else 'gloo'} backend; use trainer=ddp or a single process "
-                             f"(trainer=cpu / trainer=gpu)")
+            raise ConfigError(f"trainer=fsdp cannot run here: this torch build has no torch.distributed "
+                              f"{'nccl' if on_gpu else 'gloo'} backend; use trainer=ddp or a single process "
+                              f"(trainer=cpu / trainer=gpu)")
         if engine is not None and not engine.supports_sharded_policy:
-            raise ValueError(f"trainer=fsdp cannot be used with {engine.__name__} (it cannot take its weights from a "
-                             f"sharded policy); use rollout=hf, or trainer=ddp with this rollout")
+            raise ConfigError(f"trainer=fsdp cannot be used with {engine.__name__} (it cannot take its weights from a "
+                              f"sharded policy); use rollout=hf, or trainer=ddp with this rollout")
         if export_lora:
-            raise ValueError("trainer=fsdp with model.lora.r cannot export the merged policy yet; use trainer=ddp "
-                             "with LoRA (the adapters are small), or save_policy=false")
+            raise ConfigError("trainer=fsdp with model.lora.r cannot export the merged policy yet; use trainer=ddp "
+                              "with LoRA (the adapters are small), or save_policy=false")
     if "DeepSpeed" in target or target.startswith("deepspeed"):
         import importlib.util
 
         if importlib.util.find_spec("deepspeed") is None:
-            raise ValueError("trainer=deepspeed needs the deepspeed package (pip install deepspeed) and GPUs; "
-                             "without them use trainer=fsdp (FSDP2, also on CPU) or trainer=ddp")
+            raise ConfigError("trainer=deepspeed needs the deepspeed package (pip install deepspeed) and GPUs; "
+                              "without them use trainer=fsdp (FSDP2, also on CPU) or trainer=ddp")
         if not on_gpu:
-            raise ValueError("trainer=deepspeed runs on GPUs only (trainer.accelerator=gpu); on CPU use "
-                             "trainer=fsdp or trainer=ddp")
+            raise ConfigError("trainer=deepspeed runs on GPUs only (trainer.accelerator=gpu); on CPU use "
+                              "trainer=fsdp or trainer=ddp")

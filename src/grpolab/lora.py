@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from grpolab.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 # Qwen2/Llama projection names: every linear layer of attention and MLP (lm_head/embeddings excluded).
@@ -43,19 +45,19 @@ class LoraSettings:
 
     def __post_init__(self) -> None:
         if self.r is not None and not (isinstance(self.r, int) and not isinstance(self.r, bool) and self.r >= 1):
-            raise ValueError(f"model.lora.r must be null (full fine-tuning) or an int >= 1, got {self.r!r}")
+            raise ConfigError(f"model.lora.r must be null (full fine-tuning) or an int >= 1, got {self.r!r}")
         if not (isinstance(self.alpha, int | float) and self.alpha > 0):
-            raise ValueError(f"model.lora.alpha must be a number > 0, got {self.alpha!r}")
+            raise ConfigError(f"model.lora.alpha must be a number > 0, got {self.alpha!r}")
         if not (isinstance(self.dropout, int | float) and 0 <= self.dropout < 1):
-            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout!r}")
+            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {self.dropout!r}")
         tm = self.target_modules
         if isinstance(tm, str):
             if tm != "all-linear":
-                raise ValueError(f"model.lora.target_modules must be a list of module names or 'all-linear', got {tm!r}")
+                raise ConfigError(f"model.lora.target_modules must be a list of module names or 'all-linear', got {tm!r}")
         else:
             tm = list(tm or [])
             if not tm or not all(isinstance(t, str) and t for t in tm):
-                raise ValueError(f"model.lora.target_modules must be a non-empty list of module names, got {tm!r}")
+                raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names, got {tm!r}")
             self.target_modules = tm
 
     @classmethod
@@ -66,7 +68,7 @@ class LoraSettings:
         values = dict(values)
         unknown = sorted(set(values) - {"r", "alpha", "dropout", "target_modules"})
         if unknown:
-            raise ValueError(f"model.lora: unknown key(s) {unknown}; known: r, alpha, dropout, target_modules")
+            raise ConfigError(f"model.lora: unknown key(s) {unknown}; known: r, alpha, dropout, target_modules")
         if "target_modules" in values and not isinstance(values["target_modules"], str | None):
             values["target_modules"] = list(values["target_modules"])
         return cls(**values)
@@ -84,8 +86,9 @@ def validate_lora(values: Any, ref_refresh_every: int | None = None) -> LoraSett
     """
     settings = LoraSettings.from_dict(values)
     if settings.enabled and ref_refresh_every:
-        raise ValueError("algo.ref_refresh_every must be null with model.lora.r: the LoRA reference model is the "
-                         "base weights with the adapters disabled")
+        raise ConfigError(f"algo.ref_refresh_every={ref_refresh_every} cannot be used with model.lora.r={settings.r}: "
+                          "the LoRA reference model is the base weights with the adapters disabled; set "
+                          "algo.ref_refresh_every=null, or model.lora.r=null (full fine-tuning)")
     return settings
 
 
@@ -112,8 +115,8 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [t for t in settings.target_modules if t not in names]
         if missing:
-            raise ValueError(f"model.lora.target_modules {missing} name no module of this model; its linear "
-                             f"modules are {linear_module_names(model)}")
+            raise ConfigError(f"model.lora.target_modules {missing} name no module of this model; its linear "
+                              f"modules are {linear_module_names(model)}")
     if settings.dropout > 0:  # applied after disable_dropout, so PEFT's lora_dropout stays on in train mode
         log.warning("model.lora.dropout=%s > 0: the LoRA dropout is active in the training forward (train mode) but "
                     "not in the sampler's and the reference's eval-mode passes, so the lag-0 importance ratio is not "

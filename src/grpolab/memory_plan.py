@@ -48,6 +48,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpolab.errors import ConfigError
+
 MIB = 1 << 20
 GIB = 1 << 30
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -96,11 +98,11 @@ class ModelShape:
                      "num_key_value_heads", "vocab_size"):
             v = values.get(name, values.get("num_attention_heads") if name == "num_key_value_heads" else None)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise ValueError(f"{key}.{name} must be an int >= 1, got {v!r}")
+                raise ConfigError(f"{key}.{name} must be an int >= 1, got {v!r}")
             sizes[name] = v
         if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
-            raise ValueError(f"{key}.num_attention_heads={sizes['num_attention_heads']} must be a multiple of "
-                             f"{key}.num_key_value_heads={sizes['num_key_value_heads']}")
+            raise ConfigError(f"{key}.num_attention_heads={sizes['num_attention_heads']} must be a multiple of "
+                              f"{key}.num_key_value_heads={sizes['num_key_value_heads']}")
         head_dim = values.get("head_dim")
         return cls(**sizes, tie_word_embeddings=bool(values.get("tie_word_embeddings", True)),
                    head_dim=int(head_dim) if head_dim else None,
@@ -157,8 +159,8 @@ def lora_parameter_count(shape: ModelShape, r: int, target_modules: Any = LINEAR
     names = list(linears) if target_modules == "all-linear" else list(target_modules)
     unknown = [n for n in names if n not in linears]
     if unknown:
-        raise ValueError(f"model.lora.target_modules {unknown} name no projection of a Qwen2 layer; "
-                         f"the projections are {list(linears)}")
+        raise ConfigError(f"model.lora.target_modules {unknown} name no projection of a Qwen2 layer; "
+                          f"the projections are {list(linears)}")
     return shape.num_hidden_layers * sum(r * sum(linears[n]) for n in dict.fromkeys(names))
 
 

@@ -34,6 +34,8 @@ from transformers import (
     Qwen2Config,
 )
 
+from grpolab.config_checks import check_local_folder
+from grpolab.errors import ConfigError
 from grpolab.lora import AdapterDisabledReference, LoraSettings, apply_lora, is_peft
 from grpolab.random_init import check_init, random_from_architecture
 
@@ -44,7 +46,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def _dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {name!r}")
+        raise ConfigError(f"model.dtype must be one of {sorted(DTYPES)}, got {name!r}")
     return DTYPES[name]
 
 
@@ -115,29 +117,6 @@ def make_reference(policy: torch.nn.Module) -> torch.nn.Module:
     return freeze(copy.deepcopy(policy))
 
 
-def _check_local_folder(key: str, value: str | None, always_local: bool = False) -> None:
-    """Refuse a local folder that does not exist, naming the key, before transformers reads it as a hub id.
-
-    ``value`` is taken as local when ``always_local`` or when it looks like a path (absolute, ``./``,
-    ``../``, ``~``); a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct`` is left to transformers.
-
-    Raises:
-        FileNotFoundError: if the folder does not exist, or is a file.
-    """
-    if not value:
-        return
-    text = str(value)
-    looks_local = always_local or text.startswith(("/", "./", "../", "~")) or Path(text).expanduser().exists()
-    if not looks_local:
-        return
-    folder = Path(text).expanduser()
-    if not folder.exists():
-        raise FileNotFoundError(f"{key}={text}: the folder does not exist (resolved from the working directory "
-                                f"{Path.cwd()})")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{key}={text}: not a folder (give the Hugging Face model folder, not a file)")
-
-
 class PretrainedModel:
     """A Hugging Face causal LM, from the hub (``name_or_path``) or a local folder (``path``).
 
@@ -173,10 +152,10 @@ class PretrainedModel:
         if init == "random":  # read by the prompt-length default instead of the hub's config.json
             self.arch = self.architecture
         if not (name_or_path or path):
-            raise ValueError("model.name_or_path or model.path must be set")
-        _check_local_folder("model.path", path, always_local=True)
-        _check_local_folder("model.tokenizer_path", tokenizer_path)
-        _check_local_folder("model.name_or_path", name_or_path)
+            raise ConfigError("model.name_or_path or model.path must be set")
+        check_local_folder("model.path", path, always_local=True)
+        check_local_folder("model.tokenizer_path", tokenizer_path)
+        check_local_folder("model.name_or_path", name_or_path)
         _dtype(dtype)
         self.name_or_path = name_or_path
         self.path = path

@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpolab.errors import ConfigError
 from grpolab.memory_plan import (
     GIB,
     LINEAR_NAMES,
@@ -142,7 +143,7 @@ def _strategy(trainer: Any, world: int) -> str:
 def _precision(precision: Any, model_dtype: str) -> tuple[int, int, bool, int]:
     """``(param_bytes, compute_bytes, autocast, adapter_bytes)`` for ``trainer.precision`` and ``model.dtype``."""
     if model_dtype not in _DTYPE_BYTES:
-        raise ValueError(f"model.dtype must be one of {sorted(_DTYPE_BYTES)}, got {model_dtype!r}")
+        raise ConfigError(f"model.dtype must be one of {sorted(_DTYPE_BYTES)}, got {model_dtype!r}")
     p = _PRECISION_ALIASES.get(str(precision), str(precision))
     weights = _DTYPE_BYTES[model_dtype]
     if p.endswith("-mixed"):
@@ -207,9 +208,9 @@ def _plan_settings(cfg: DictConfig) -> tuple[bool, int]:
     check = OmegaConf.select(cfg, "plan.check", default=True)
     prompt_length = OmegaConf.select(cfg, "plan.prompt_length", default=256)
     if not isinstance(check, bool):
-        raise ValueError(f"plan.check must be true or false, got {check!r}")
+        raise ConfigError(f"plan.check must be true or false, got {check!r}")
     if not (isinstance(prompt_length, int) and not isinstance(prompt_length, bool) and prompt_length >= 1):
-        raise ValueError(f"plan.prompt_length must be an int >= 1, got {prompt_length!r}")
+        raise ConfigError(f"plan.prompt_length must be an int >= 1, got {prompt_length!r}")
     return check, prompt_length
 
 
@@ -318,7 +319,7 @@ def check_memory_plan(cfg: DictConfig, algo: Any, lora: Any) -> MemoryPlan | Non
     log.info("memory plan (bytes per process, before any model is built):\n%s", format_plan(plan, "", budget, why))
     if budget is not None and plan.peak_bytes > budget:
         if check:
-            raise ValueError(refusal_message(plan, budget, why))
+            raise ConfigError(refusal_message(plan, budget, why))
         log.warning("memory plan exceeds the %s (%.1f GiB); plan.check=false: running anyway", why, budget / GIB)
     return plan
 

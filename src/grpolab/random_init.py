@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from grpolab.errors import ConfigError
+
 INITS = ("pretrained", "random")
 
 
@@ -27,16 +29,16 @@ def check_init(init: Any, architecture: Any) -> dict[str, Any] | None:
             ``model.architecture`` when ``init=random`` has none, or it is not a mapping.
     """
     if init not in INITS:
-        raise ValueError(f"model.init must be one of {list(INITS)}, got {init!r}")
+        raise ConfigError(f"model.init must be one of {list(INITS)}, got {init!r}")
     if architecture is None:
         if init == "random":
-            raise ValueError("model.init=random needs model.architecture (the config.json values: hidden_size, "
-                             "num_hidden_layers, ...), e.g. from model=qwen0.5b")
+            raise ConfigError("model.init=random needs model.architecture (the config.json values: hidden_size, "
+                              "num_hidden_layers, ...), e.g. from model=qwen0.5b")
         return None
     try:
         arch = {str(k): v for k, v in dict(architecture).items()}
     except (TypeError, ValueError):
-        raise ValueError(f"model.architecture must be a mapping of config.json keys, got {architecture!r}") from None
+        raise ConfigError(f"model.architecture must be a mapping of config.json keys, got {architecture!r}") from None
     return arch
 
 

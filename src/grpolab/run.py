@@ -21,14 +21,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
+from grpolab.cli import one_line, user_error, wants_traceback
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import (
     check_checkpoint,
+    check_paths,
+    check_required,
     check_resume_steps,
     check_types,
     checkpoint_cadence_warning,
 )
 from grpolab.distributed import check_trainer, sum_over_ranks
+from grpolab.errors import ConfigError
 from grpolab.evaluation.final import check_final_eval, final_eval
 from grpolab.lora import count_parameters, save_policy, validate_lora
 from grpolab.module import GRPOModule
@@ -50,21 +54,25 @@ def _build(cfg: DictConfig, node: str, **kwargs: Any) -> Any:
 
 
 def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfig], dict | None]:
-    """In a multirun, a failing job writes ``error.txt`` in its folder and the sweep goes on; a single run
-    re-raises so the exit status is non-zero."""
+    """In a multirun, a failing job writes ``error.txt`` in its folder and the sweep goes on (a config error is
+    logged as its one line, anything else with its traceback); a single run re-raises so the exit status is
+    non-zero."""
 
     @functools.wraps(fn)
     def wrapped(cfg: DictConfig) -> dict | None:
         try:
             return fn(cfg)
-        except Exception:
+        except Exception as ex:
             multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
             if not multirun:
                 raise
             out = Path(cfg.paths.output_dir)
             out.mkdir(parents=True, exist_ok=True)
             (out / "error.txt").write_text(traceback.format_exc())
-            log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
+            if (err := user_error(ex)) is not None and not wants_traceback():  # a config error: its line only
+                log.error("job failed: %s; the sweep continues (see %s)", one_line(str(err)), out / "error.txt")
+            else:
+                log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
             return None
 
     return wrapped
@@ -85,8 +93,8 @@ def import_plugins(modules: list[str]) -> None:
         try:
             importlib.import_module(str(name))
         except ImportError as err:
-            raise ValueError(f"imports: cannot import {name!r} ({err}); give a module on the Python path or in the "
-                             f"working directory") from err
+            raise ConfigError(f"imports: cannot import {name!r} ({err}); give a module on the Python path or in the "
+                              f"working directory") from err
 
 
 def build(cfg: DictConfig) -> dict[str, Any]:
@@ -94,13 +102,19 @@ def build(cfg: DictConfig) -> dict[str, Any]:
 
     Settings are validated once, here, before any model is built, and never changed afterwards; the parts get
     built objects or narrow values (the tokenizer, a policy handle), never the config.
+
+    Raises:
+        ConfigError: naming the key and the fix, for a user error found before anything is built (a wrong value
+            or type, a missing key, file or folder, settings that conflict); ``src/train.py`` prints it as one line.
     """
+    check_required(cfg)  # a ??? left in the config (data=jsonl without data.path), named
     import_plugins(cfg.get("imports") or [])  # they may register loss variants that algo.* names
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
     check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc), before any model
     drop = cfg.get("resume_drop_buffer", False)
     if not isinstance(drop, bool):
-        raise ValueError(f"resume_drop_buffer must be true or false, got {drop!r}")
+        raise ConfigError(f"resume_drop_buffer must be true or false, got {drop!r}: set resume_drop_buffer=true "
+                          "or resume_drop_buffer=false")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
         check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
@@ -109,6 +123,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_final_eval(cfg.get("final_eval"))
     check_memory_plan(cfg, algo, lora)  # logged; refuses a run that cannot fit (plan.check) before any model
+    check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named, before any model
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     verifier = _build(cfg, "verifier")

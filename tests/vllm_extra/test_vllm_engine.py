@@ -17,8 +17,8 @@ pytest.importorskip("vllm")
 
 from grpolab.models import TinyCharModel  # noqa: E402
 from grpolab.rollout.engine import SamplingParams  # noqa: E402
-from grpolab.rollout.vllm_check import check_push  # noqa: E402
 from grpolab.rollout.forward import batched_log_probs  # noqa: E402
+from grpolab.rollout.vllm_check import check_push  # noqa: E402
 from grpolab.rollout.vllm_engine import VLLMGenerationEngine  # noqa: E402
 from grpolab.run import build, summarize  # noqa: E402
 

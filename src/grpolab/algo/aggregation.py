@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from grpolab.errors import ConfigError
+
 Reduce = Callable[[Tensor, Tensor], Tensor]
 Denominator = Callable[[Tensor, "int | None"], float]
 CROSS_RANK_RULES = ("local", "global")
@@ -84,7 +86,7 @@ def get_aggregation(name: str) -> Aggregation:
         ValueError: naming ``algo.loss_type`` and listing the registered names.
     """
     if name not in AGGREGATIONS:
-        raise ValueError(f"algo.loss_type must be one of {tuple(AGGREGATIONS)}, got {name!r}")
+        raise ConfigError(f"algo.loss_type must be one of {tuple(AGGREGATIONS)}, got {name!r}")
     return AGGREGATIONS[name]
 
 

@@ -53,6 +53,7 @@ from grpolab.algo.policy_loss import (
     clipped_surrogate,
     register_policy_loss,
 )
+from grpolab.errors import ConfigError
 
 PROXIMAL_POLICIES = ("anchor", "loglinear")
 # (low, high) published with each mask variant: TRL's sequence_mask cap, SkyRL's geometric band, IcePop's band
@@ -61,10 +62,10 @@ DEFAULT_BANDS = {"seq_is_mask": (0.0, 3.0), "geo_seq_mask": (0.99, 1.01), "token
 
 def _check_token_level(cfg: Any) -> None:
     if cfg.importance_sampling_level != "token":
-        raise ValueError(f"algo.clip_mode={cfg.clip_mode} is a token-level objective: set "
+        raise ConfigError(f"algo.clip_mode={cfg.clip_mode} is a token-level objective: set "
                          f"algo.importance_sampling_level=token (got {cfg.importance_sampling_level!r})")
     if cfg.ratio_reference != "sampler":
-        raise ValueError(f"algo.clip_mode={cfg.clip_mode} sets its own reference policy: leave "
+        raise ConfigError(f"algo.clip_mode={cfg.clip_mode} sets its own reference policy: leave "
                          f"algo.ratio_reference=sampler (got {cfg.ratio_reference!r})")
 
 
@@ -72,14 +73,14 @@ def _check_band(cfg: Any) -> None:
     _check_token_level(cfg)
     low, high = band(cfg)
     if not (0.0 <= low <= 1.0 <= high):
-        raise ValueError(f"algo.is_mask_low / algo.is_mask_high must satisfy 0 <= low <= 1 <= high for "
+        raise ConfigError(f"algo.is_mask_low / algo.is_mask_high must satisfy 0 <= low <= 1 <= high for "
                          f"algo.clip_mode={cfg.clip_mode}, got [{low}, {high}]")
 
 
 def _check_decoupled(cfg: Any) -> None:
     _check_token_level(cfg)
     if cfg.proximal_policy is not None and cfg.proximal_policy not in PROXIMAL_POLICIES:
-        raise ValueError(f"algo.proximal_policy must be one of {PROXIMAL_POLICIES}, got {cfg.proximal_policy!r}")
+        raise ConfigError(f"algo.proximal_policy must be one of {PROXIMAL_POLICIES}, got {cfg.proximal_policy!r}")
 
 
 def band(cfg: Any) -> tuple[float, float]:
@@ -107,7 +108,7 @@ def proximal_log_probs(inp: PolicyLossInputs, method: str) -> Tensor:
     if method == "loglinear":
         a = inp.lag / (inp.lag + 1.0)
         return inp.sampler_logp + a * (inp.logp.detach() - inp.sampler_logp)
-    raise ValueError(f"algo.proximal_policy must be one of {PROXIMAL_POLICIES}, got {method!r}")
+    raise ConfigError(f"algo.proximal_policy must be one of {PROXIMAL_POLICIES}, got {method!r}")
 
 
 def behaviour_weighted_ppo(inp: PolicyLossInputs, cfg: Any, prox_logp: Tensor, weight: Tensor,

@@ -16,6 +16,7 @@ import grpolab.algo.corrections  # noqa: F401  (registers the off-policy correct
 from grpolab.algo.aggregation import get_aggregation
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.policy_loss import IS_LEVELS, POLICY_LOSSES, RATIO_REFERENCES, get_policy_loss
+from grpolab.errors import ConfigError
 
 
 def _is_number(x: object) -> bool:
@@ -74,39 +75,40 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         if not (_is_number(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"algo.epsilon must be a finite number > 0, got {self.epsilon!r}")
+            raise ConfigError(f"algo.epsilon must be a finite number > 0, got {self.epsilon!r}")
         if self.epsilon_high is not None and not (_is_number(self.epsilon_high) and self.epsilon_high >= 0):
-            raise ValueError(
+            raise ConfigError(
                 f"algo.epsilon_high must be null or a finite number >= 0, got {self.epsilon_high!r}"
             )
         variant = get_policy_loss(self.clip_mode)
         if self.importance_sampling_level not in IS_LEVELS:
-            raise ValueError(
+            raise ConfigError(
                 f"algo.importance_sampling_level must be one of {IS_LEVELS}, got {self.importance_sampling_level!r}"
             )
         if self.ratio_reference not in RATIO_REFERENCES:
-            raise ValueError(f"algo.ratio_reference must be one of {RATIO_REFERENCES}, got {self.ratio_reference!r}")
+            raise ConfigError(f"algo.ratio_reference must be one of {RATIO_REFERENCES}, got {self.ratio_reference!r}")
         if not (_is_number(self.beta) and self.beta >= 0):
-            raise ValueError(f"algo.beta must be a finite number >= 0, got {self.beta!r}")
+            raise ConfigError(f"algo.beta must be a finite number >= 0, got {self.beta!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"algo.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+            raise ConfigError(f"algo.kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
         aggregation = get_aggregation(self.loss_type)
         mcl = self.max_completion_length
         if mcl is not None and not (isinstance(mcl, int) and not isinstance(mcl, bool) and mcl > 0):
-            raise ValueError(f"algo.max_completion_length must be null or an int > 0, got {mcl!r}")
+            raise ConfigError(f"algo.max_completion_length must be null or an int > 0, got {mcl!r}")
         for key in aggregation.requires:
             if getattr(self, key) is None:
-                raise ValueError(f"algo.{key} must be set when algo.loss_type is {self.loss_type!r}")
+                raise ConfigError(f"algo.{key} must be set when algo.loss_type is {self.loss_type!r}: set algo.{key}=<value> "
+                                  "or choose another algo.loss_type")
         cap = self.importance_weight_cap
         if cap is not None and not (_is_number(cap) and cap >= 1):
-            raise ValueError(f"algo.importance_weight_cap must be null or a finite number >= 1, got {cap!r}")
+            raise ConfigError(f"algo.importance_weight_cap must be null or a finite number >= 1, got {cap!r}")
         bcap = self.behaviour_weight_cap
         if bcap is not None and not (_is_number(bcap) and bcap > 1):
-            raise ValueError(f"algo.behaviour_weight_cap must be null or a finite number > 1, got {bcap!r}")
+            raise ConfigError(f"algo.behaviour_weight_cap must be null or a finite number > 1, got {bcap!r}")
         for key in ("is_mask_low", "is_mask_high"):
             value = getattr(self, key)
             if value is not None and not (_is_number(value) and value >= 0):
-                raise ValueError(f"algo.{key} must be null or a finite number >= 0, got {value!r}")
+                raise ConfigError(f"algo.{key} must be null or a finite number >= 0, got {value!r}")
         self._check_variant_options()
         if variant.check is not None:
             variant.check(self)
@@ -118,8 +120,8 @@ class LossConfig:
             if getattr(self, key, None) is None or key in POLICY_LOSSES[self.clip_mode].options:
                 continue
             readers = "|".join(v.name for v in POLICY_LOSSES.values() if key in v.options)
-            raise ValueError(f"algo.{key} is read by algo.clip_mode={readers} only; got clip_mode="
-                             f"{self.clip_mode!r} (set it to null)")
+            raise ConfigError(f"algo.{key} is read by algo.clip_mode={readers} only; got algo.clip_mode="
+                              f"{self.clip_mode!r}: set algo.{key}=null or algo.clip_mode={readers}")
 
     @property
     def eps_high(self) -> float:

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpolab.errors import ConfigError
+
 IS_LEVELS = ("token", "sequence", "sequence_sum")
 RATIO_REFERENCES = ("sampler", "anchor")
 HIGH_WEIGHT = 2.0  # importance weights above this count as "large" in the stats (grad_weight_high_sum, ...)
@@ -112,7 +114,7 @@ def get_policy_loss(name: str) -> PolicyLoss:
         ValueError: naming ``algo.clip_mode`` and listing the registered names.
     """
     if name not in POLICY_LOSSES:
-        raise ValueError(f"algo.clip_mode must be one of {tuple(POLICY_LOSSES)}, got {name!r}")
+        raise ConfigError(f"algo.clip_mode must be one of {tuple(POLICY_LOSSES)}, got {name!r}")
     return POLICY_LOSSES[name]
 
 
@@ -276,9 +278,10 @@ def ppo_clip(inp: PolicyLossInputs, cfg: Any) -> tuple[Tensor, dict[str, Tensor]
 
 def _check_cap_reference(cfg: Any) -> None:
     if cfg.importance_weight_cap is not None and cfg.ratio_reference != "sampler":
-        raise ValueError(
+        raise ConfigError(
             "algo.importance_weight_cap caps pi_k/alpha, the window centre of algo.clip_mode=offpolicy_grpo "
-            f"with algo.ratio_reference=sampler; got ratio_reference={cfg.ratio_reference!r} (set it to null)"
+            f"with algo.ratio_reference=sampler; got algo.ratio_reference={cfg.ratio_reference!r}: set "
+            "algo.importance_weight_cap=null or algo.ratio_reference=sampler"
         )
 
 

@@ -24,6 +24,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from grpolab.config_checks import check_paths, check_required, check_types, type_error
+from grpolab.errors import ConfigError
 from grpolab.evaluation.metrics import maj_at_k, mean_at_n, pass_at_k, standard_error
 from grpolab.rollout.settings import split_rollout_config
 from grpolab.verifiers.extract import boxed_contents, final_answer_region
@@ -171,30 +173,44 @@ def build_sampling(cfg: DictConfig) -> SamplingSettings:
                             truncated_reward=None if e.truncated_reward is None else float(e.truncated_reward))
 
 
+EVAL_TYPES = {"num_samples": (int,), "batch_size": (int,), "max_prompts": (int, type(None)), "greedy": (bool,),
+              "correct_threshold": (float,), "seed": (int,), "temperature": (float,), "max_new_tokens": (int,)}
+
+
 def check_settings(cfg: DictConfig) -> tuple[int, list[int]]:
-    """Validate ``eval.num_samples``, ``eval.ks``, ``eval.split`` before any model is built.
+    """Validate the config before any model is built: no ``???`` left, the types of ``eval.*`` and of the
+    instantiable groups, the data and model paths (:mod:`grpolab.config_checks`), then ``eval.num_samples``,
+    ``eval.ks``, ``eval.split``, ``eval.dataset``, ``eval.batch_size``.
 
     Returns:
         ``(n, ks)`` with ``ks`` sorted and de-duplicated.
 
     Raises:
-        ValueError: naming the ``eval.<key>`` at fault.
+        ConfigError: naming the key at fault (``eval.<key>``, ``data.path``, ``model.path``, ...).
     """
+    check_required(cfg)
     e = cfg.eval
+    errors = [msg for key, allowed in EVAL_TYPES.items() if key in e
+              and (msg := type_error(f"eval.{key}", OmegaConf.select(cfg, f"eval.{key}"), allowed))]
+    if errors:
+        raise ConfigError("; ".join(errors))
+    check_types(cfg, groups=("data", "verifier", "model", "rollout"))
+    name = e.get("dataset")
+    check_paths(cfg, f"eval_datasets.{name}" if name is not None and name in (cfg.get("eval_datasets") or {})
+                else "data")
     n = int(e.num_samples)
     if n < 1:
-        raise ValueError(f"eval.num_samples must be >= 1, got {n}")
+        raise ConfigError(f"eval.num_samples must be >= 1, got {n}")
     ks = default_ks(n) if e.ks is None else sorted({int(k) for k in e.ks})
     bad = [k for k in ks if not 1 <= k <= n]
     if bad:
-        raise ValueError(f"eval.ks must lie in [1, eval.num_samples={n}] (pass@k needs n >= k samples), got {bad}")
+        raise ConfigError(f"eval.ks must lie in [1, eval.num_samples={n}] (pass@k needs n >= k samples), got {bad}")
     if e.split not in ("train", "val", "test", "all"):
-        raise ValueError(f"eval.split must be train, val, test or all, got {e.split!r}")
-    name = e.get("dataset")
+        raise ConfigError(f"eval.split must be train, val, test or all, got {e.split!r}")
     if name is not None and name not in (cfg.get("eval_datasets") or {}):
-        raise ValueError(f"eval.dataset={name!r} is not a key of eval_datasets {sorted(cfg.get('eval_datasets') or {})}")
+        raise ConfigError(f"eval.dataset={name!r} is not a key of eval_datasets {sorted(cfg.get('eval_datasets') or {})}")
     if int(e.batch_size) < 1:
-        raise ValueError(f"eval.batch_size must be >= 1, got {e.batch_size}")
+        raise ConfigError(f"eval.batch_size must be >= 1, got {e.batch_size}")
     return n, ks
 
 
@@ -268,7 +284,7 @@ def select_rows(task: Any, split: str, max_prompts: int | None = None) -> list[d
     if max_prompts is not None:
         rows = rows[: int(max_prompts)]
     if not rows:
-        raise ValueError(f"the {split!r} split of {type(task).__name__} has no rows")
+        raise ConfigError(f"the {split!r} split of {type(task).__name__} has no rows")
     return rows
 
 

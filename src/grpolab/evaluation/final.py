@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from grpolab.errors import ConfigError
 from grpolab.evaluation.evaluate import _records, answer_extractor, select_rows, summarize
 
 
@@ -31,16 +32,16 @@ def check_final_eval(cfg: Any) -> None:
     if not cfg:
         return
     if not isinstance(cfg.get("enabled", False), bool):
-        raise ValueError(f"final_eval.enabled must be true or false, got {cfg.get('enabled')!r}")
+        raise ConfigError(f"final_eval.enabled must be true or false, got {cfg.get('enabled')!r}")
     if not cfg.enabled:
         return
     if cfg.split not in ("train", "val", "test"):
-        raise ValueError(f"final_eval.split must be train, val or test, got {cfg.split!r}")
+        raise ConfigError(f"final_eval.split must be train, val or test, got {cfg.split!r}")
     for key in ("num_samples", "batch_size"):
         if isinstance(cfg[key], bool) or not (isinstance(cfg[key], int) and cfg[key] >= 1):
-            raise ValueError(f"final_eval.{key} must be an int >= 1, got {cfg[key]!r}")
+            raise ConfigError(f"final_eval.{key} must be an int >= 1, got {cfg[key]!r}")
     if cfg.get("max_prompts") is not None and not (isinstance(cfg.max_prompts, int) and cfg.max_prompts >= 1):
-        raise ValueError(f"final_eval.max_prompts must be null or an int >= 1, got {cfg.max_prompts!r}")
+        raise ConfigError(f"final_eval.max_prompts must be null or an int >= 1, got {cfg.max_prompts!r}")
 
 
 @torch.no_grad()

@@ -17,6 +17,8 @@ import dataclasses
 import logging
 from typing import Any
 
+from grpolab.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 # Tokenizers without a limit report model_max_length = int(1e30).
@@ -63,7 +65,7 @@ def default_max_prompt_length(spec: Any, tokenizer: Any, max_completion_length: 
     if context is None:
         return None, "no context length known"
     if max_completion_length >= context:
-        raise ValueError(
+        raise ConfigError(
             f"algo.max_completion_length={max_completion_length} leaves no room for a prompt in the context of "
             f"{context} tokens ({source}); lower algo.max_completion_length"
         )
@@ -102,7 +104,7 @@ def check_prompt_lengths(task: Any, tokenizer: Any, limit: int, why: str = "",
         too_long.sort(reverse=True)
         shown = "; ".join(f"uid {uid!r} in split {split}: {n} tokens" for n, split, uid in too_long[:5])
         more = f" (and {len(too_long) - 5} more)" if len(too_long) > 5 else ""
-        raise ValueError(
+        raise ConfigError(
             f"{task.name}: {len(too_long)} prompt(s) longer than algo.max_prompt_length={limit} tokens"
             f"{' (' + why + ')' if why else ''}: {shown}{more}. Remove or shorten these rows, or raise "
             "algo.max_prompt_length (prompts are never cut silently)"

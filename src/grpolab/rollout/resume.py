@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grpolab.errors import ConfigError
 from grpolab.rollout.buffer import RolloutBuffer
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def load_rollout_state(dm: Any, state: dict[str, Any], rank: int, world: int) ->
     if saved_world != world and pending:  # each rank held its own buffer
         changed = [*changed, f"rank buffers in the checkpoint: {saved_world}, processes now: {world}"]
     if changed and not dm.resume_drop_buffer:
-        raise ValueError(
+        raise ConfigError(
             "resuming with settings that shape the saved rollout buffer changed: " + ", ".join(changed)
             + ". Resume with the checkpoint's values, or pass resume_drop_buffer=true to drop the saved buffer "
             "and sample a new one with the new settings"

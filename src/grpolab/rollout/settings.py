@@ -12,6 +12,7 @@ from typing import Any
 from hydra.utils import get_class
 
 from grpolab.config import GRPOConfig
+from grpolab.errors import ConfigError
 from grpolab.rollout.engine import GenerationEngine
 
 
@@ -61,41 +62,41 @@ class RolloutSettings:
             ValueError: naming ``rollout.<key>`` (or the ``algo.<key>`` it conflicts with) and the setting to change.
         """
         if not isinstance(self.async_generation, bool):
-            raise ValueError(f"rollout.async_generation must be true or false, got {self.async_generation!r}")
+            raise ConfigError(f"rollout.async_generation must be true or false, got {self.async_generation!r}")
         if self.async_generation and not engine.owns_weights:
-            raise ValueError(f"rollout.async_generation=true needs an engine that owns its sampler weights (the "
-                             f"in-place {engine.__name__} would sample from the policy while it trains): use "
-                             f"rollout=hf_copy or rollout=vllm, or set rollout.async_generation=false")
+            raise ConfigError(f"rollout.async_generation=true needs an engine that owns its sampler weights (the "
+                              f"in-place {engine.__name__} would sample from the policy while it trains): use "
+                              f"rollout=hf_copy or rollout=vllm, or set rollout.async_generation=false")
         if algo.vllm_importance_sampling_correction and not engine.reports_sampler_logp:
-            raise ValueError("algo.vllm_importance_sampling_correction=true needs an engine that reports its own "
-                             f"log-probs (rollout=vllm); {engine.__name__} samples with the trainer's own forward: "
-                             "set algo.vllm_importance_sampling_correction=false or use rollout=vllm")
+            raise ConfigError("algo.vllm_importance_sampling_correction=true needs an engine that reports its own "
+                              f"log-probs (rollout=vllm); {engine.__name__} samples with the trainer's own forward: "
+                              "set algo.vllm_importance_sampling_correction=false or use rollout=vllm")
         per_buffer = algo.steps_per_generation * algo.num_iterations
         if self.max_lag is not None:
             if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < per_buffer - 1:
-                raise ValueError(f"rollout.max_lag must be null or an integer >= algo.steps_per_generation x "
-                                 f"algo.num_iterations - 1 = {per_buffer - 1} (the lag within one buffer), got "
-                                 f"{self.max_lag!r}")
+                raise ConfigError(f"rollout.max_lag must be null or an integer >= algo.steps_per_generation x "
+                                  f"algo.num_iterations - 1 = {per_buffer - 1} (the lag within one buffer), got "
+                                  f"{self.max_lag!r}")
         if self.overlap_steps is not None and (isinstance(self.overlap_steps, bool)
                                                or not isinstance(self.overlap_steps, int) or self.overlap_steps < 1):
-            raise ValueError(f"rollout.overlap_steps must be null or an integer >= 1, got {self.overlap_steps!r}")
+            raise ConfigError(f"rollout.overlap_steps must be null or an integer >= 1, got {self.overlap_steps!r}")
         if self.refresh not in ("steps", "adaptive"):
-            raise ValueError(f"rollout.refresh must be steps or adaptive, got {self.refresh!r}")
+            raise ConfigError(f"rollout.refresh must be steps or adaptive, got {self.refresh!r}")
         if self.refresh == "adaptive":
             if isinstance(self.max_drift, bool) or not isinstance(self.max_drift, int | float) or not self.max_drift > 0:
-                raise ValueError(f"rollout.refresh=adaptive needs rollout.max_drift, a number > 0 (e.g. 0.05), got "
+                raise ConfigError(f"rollout.refresh=adaptive needs rollout.max_drift, a number > 0 (e.g. 0.05), got "
                                  f"{self.max_drift!r}")
             if self.async_generation:
-                raise ValueError("rollout.refresh=adaptive is synchronous only: set rollout.async_generation=false "
+                raise ConfigError("rollout.refresh=adaptive is synchronous only: set rollout.async_generation=false "
                                  "or rollout.refresh=steps")
             if algo.steps_per_generation < 2:
-                raise ValueError("rollout.refresh=adaptive ends a buffer early, so it needs algo.steps_per_generation "
+                raise ConfigError("rollout.refresh=adaptive ends a buffer early, so it needs algo.steps_per_generation "
                                  f">= 2 (the latest refresh), got {algo.steps_per_generation}")
         elif self.max_drift is not None:
-            raise ValueError("rollout.max_drift is read by rollout.refresh=adaptive only: set rollout.refresh=adaptive "
+            raise ConfigError("rollout.max_drift is read by rollout.refresh=adaptive only: set rollout.refresh=adaptive "
                              "or rollout.max_drift=null")
         if self.generation_timeout_s is not None and not self.generation_timeout_s > 0:
-            raise ValueError(f"rollout.generation_timeout_s must be > 0 or null, got {self.generation_timeout_s!r}")
+            raise ConfigError(f"rollout.generation_timeout_s must be > 0 or null, got {self.generation_timeout_s!r}")
         return self
 
     def overlap_end(self, steps_per_buffer: int) -> int:
@@ -142,17 +143,17 @@ def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig) -> tuple[type[Gen
     try:
         engine_cls = get_class(str(target))
     except Exception as err:  # Hydra raises ImportError or ValueError depending on what is missing
-        raise ValueError(f"rollout._target_={target!r} is not an importable class ({err})") from err
+        raise ConfigError(f"rollout._target_={target!r} is not an importable class ({err})") from err
     if not (isinstance(engine_cls, type) and issubclass(engine_cls, GenerationEngine)):
-        raise ValueError(f"rollout._target_={target!r} is not a grpolab.rollout.engine.GenerationEngine subclass")
+        raise ConfigError(f"rollout._target_={target!r} is not a grpolab.rollout.engine.GenerationEngine subclass")
     if settings.async_generation is True:
         engine_cls = engine_cls.async_engine()
         engine_args["_target_"] = f"{engine_cls.__module__}.{engine_cls.__qualname__}"
     settings.validate(algo, engine_cls)
     recompute = bool(engine_args.get("recompute_sampler_logp")) or algo.vllm_importance_sampling_correction
     if settings.async_generation and recompute and not engine_cls.samples_from_module:
-        raise ValueError(f"rollout.async_generation=true with {engine_cls.__name__} takes log alpha from the engine, "
-                         "which holds the sampler's weights outside the trainer: set rollout.recompute_sampler_logp="
-                         "false and algo.vllm_importance_sampling_correction=false, or rollout.async_generation=false")
+        raise ConfigError(f"rollout.async_generation=true with {engine_cls.__name__} takes log alpha from the engine, "
+                          "which holds the sampler's weights outside the trainer: set rollout.recompute_sampler_logp="
+                          "false and algo.vllm_importance_sampling_correction=false, or rollout.async_generation=false")
     engine_cls.check_installed()
     return engine_cls, engine_args, settings

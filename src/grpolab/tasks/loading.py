@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from grpolab.errors import ConfigError, ConfigPathError
+
 Record = dict[str, Any]
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -53,12 +55,12 @@ def read_local(path: str | Path) -> list[Record]:
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ConfigPathError(
             f"data file not found: {path} (data.path is resolved from the working directory)"
         )
     suffix = path.suffix.lower()
     if suffix not in LOCAL_SUFFIXES:
-        raise ValueError(f"{path}: unsupported file type {suffix!r}; use one of {LOCAL_SUFFIXES}")
+        raise ConfigError(f"{path}: unsupported file type {suffix!r}; use one of {LOCAL_SUFFIXES}")
     records: list[Record] = []
     if suffix == ".jsonl":
         with path.open("rb") as f:
@@ -69,11 +71,11 @@ def read_local(path: str | Path) -> list[Record]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(
+                    raise ConfigError(
                         f"{path}: line {lineno} (row {len(records)}) is not valid JSON: {e}"
                     ) from e
                 if not isinstance(obj, dict):
-                    raise ValueError(
+                    raise ConfigError(
                         f"{path}: line {lineno} (row {len(records)}) is a {type(obj).__name__}, not a JSON object"
                     )
                 records.append(obj)
@@ -88,23 +90,23 @@ def read_local(path: str | Path) -> list[Record]:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON: {e}") from e
+            raise ConfigError(f"{path}: not valid JSON: {e}") from e
         if isinstance(obj, dict) and isinstance(obj.get("data"), list):
             obj = obj["data"]
         if not isinstance(obj, list):
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: expected a list of objects (or {{'data': [...]}}), got {type(obj).__name__}"
             )
         for i, rec in enumerate(obj):
             if not isinstance(rec, dict):
-                raise ValueError(f"{path}: row {i} is a {type(rec).__name__}, not an object")
+                raise ConfigError(f"{path}: row {i} is a {type(rec).__name__}, not an object")
         records = obj
     else:
         import pyarrow.parquet as pq
 
         records = pq.read_table(path).to_pylist()
     if not records:
-        raise ValueError(f"{path}: the file has no rows")
+        raise ConfigError(f"{path}: the file has no rows")
     return records
 
 
@@ -114,7 +116,7 @@ def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         snippet = raw[max(0, e.start - 20) : e.start + 20]
-        raise ValueError(
+        raise ConfigError(
             f"{path}: line {lineno} is not valid UTF-8 (byte {e.start + 1} of the line, near {snippet!r}); "
             "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from None
@@ -138,7 +140,7 @@ def load_hub(hub_id: str, config: str | None, split: str) -> list[Record]:
         ) from e
     records = ds.to_list()
     if not records:
-        raise ValueError(f"hub dataset {hub_id!r} (config {config!r}, split {split!r}) has no rows")
+        raise ConfigError(f"hub dataset {hub_id!r} (config {config!r}, split {split!r}) has no rows")
     return records
 
 
@@ -157,7 +159,7 @@ def load_records(
     if path:
         return read_local(path), str(path)
     if not hub_id:
-        raise ValueError("give data.path (a local .jsonl/.json/.parquet file) or data.hub_id")
+        raise ConfigError("give data.path (a local .jsonl/.json/.parquet file) or data.hub_id")
     source = f"{hub_id}" + (f"[{config}]" if config else "") + f":{split}"
     return load_hub(hub_id, config, split), source
 
@@ -173,20 +175,20 @@ def check_keys(records: list[Record], keys: Iterable[str], source: str) -> None:
     """
     keys = list(keys)
     if not records:
-        raise ValueError(f"{source}: no rows")
+        raise ConfigError(f"{source}: no rows")
     columns = sorted(records[0])
     for key in keys:
         if key not in records[0]:
             close = difflib.get_close_matches(key, columns, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{source}: no column {key!r}; available columns: {columns}{hint}")
+            raise ConfigError(f"{source}: no column {key!r}; available columns: {columns}{hint}")
     for i, rec in enumerate(records):
         for key in keys:
             if key not in rec:
-                raise ValueError(f"{source}: row {i} has no {key!r} column (columns: {sorted(rec)})")
+                raise ConfigError(f"{source}: row {i} has no {key!r} column (columns: {sorted(rec)})")
             value = rec[key]
             if value is None or (isinstance(value, str) and not value.strip()):
-                raise ValueError(f"{source}: row {i} has an empty {key!r}")
+                raise ConfigError(f"{source}: row {i} has an empty {key!r}")
 
 
 def extra_columns(record: Record, used: Iterable[str], reserved: Iterable[str] = ()) -> Record:

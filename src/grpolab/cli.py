@@ -1,0 +1,195 @@
+"""How ``src/train.py`` and ``src/eval.py`` report a user error: one line on stderr, no traceback, exit status 2.
+
+A user error is a :class:`~grpolab.errors.ConfigError` (a wrong value or type, a missing required key, file or
+folder, settings that conflict), also when Hydra's ``instantiate`` wraps it in an ``InstantiationException``,
+and an override of a key the composed config does not have (``algo.epsilonn=0.3``), which
+:func:`check_overrides` finds before Hydra composes the run and answers with the closest existing keys. Any
+other exception is a crash and keeps its traceback.
+
+``GRPOLAB_TRACEBACK=1`` (or Hydra's own ``HYDRA_FULL_ERROR=1``) brings the traceback back for user errors too.
+
+Light on purpose (Hydra and OmegaConf only): the entry points run these checks before importing torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from grpolab.errors import ConfigError
+
+TRACEBACK_VARS = ("GRPOLAB_TRACEBACK", "HYDRA_FULL_ERROR")
+EXIT_USER_ERROR = 2  # as argparse
+
+
+def wants_traceback() -> bool:
+    """True when ``GRPOLAB_TRACEBACK`` or ``HYDRA_FULL_ERROR`` is set to 1/true/yes/on."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in TRACEBACK_VARS)
+
+
+def user_error(exc: BaseException | None) -> ConfigError | None:
+    """The :class:`ConfigError` behind ``exc``: itself, or the cause of (nested) Hydra ``InstantiationException``
+    wrappers; None for anything else (a crash)."""
+    from hydra.errors import InstantiationException
+
+    for _ in range(8):
+        if isinstance(exc, ConfigError):
+            return exc
+        if not isinstance(exc, InstantiationException):
+            return None
+        exc = exc.__cause__
+    return None
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: ``"header:\\n  a\\n  b"`` becomes ``"header: a; b"``."""
+    text = re.sub(r":[ \t]*\n\s*", ": ", message.strip())
+    return re.sub(r"\s*\n\s*", "; ", text)
+
+
+def fail(prog: str, message: str) -> None:
+    """Print ``<prog>: error: <message>`` (one line) on stderr and exit with status 2.
+
+    Raises:
+        SystemExit: always.
+    """
+    sys.stdout.flush()
+    sys.stderr.write(f"{prog}: error: {one_line(message)}\n")
+    sys.stderr.flush()
+    raise SystemExit(EXIT_USER_ERROR)
+
+
+@contextlib.contextmanager
+def report_user_errors(prog: str) -> Iterator[None]:
+    """Around a Hydra task function's body: a user error (see :func:`user_error`) ends the process with one
+    line and status 2 (:func:`fail`), unless :func:`wants_traceback`; everything else propagates unchanged.
+
+    Raises:
+        SystemExit: for a user error.
+    """
+    try:
+        yield
+    except Exception as ex:
+        err = user_error(ex)
+        if err is None or wants_traceback():
+            raise
+        fail(prog, str(err))
+
+
+# ------------------------------------------------------------------------------- overrides of unknown keys
+def closest_keys(cfg: DictConfig, key: str, n: int = 3) -> list[str]:
+    """The existing keys closest to ``key``: its first segment that does not exist is matched (difflib) against
+    the keys of the node above it, and the rest of ``key`` kept where it exists below the match.
+
+    Examples: ``algo.epsilonn`` -> ``algo.epsilon``; ``algoo.epsilon`` -> ``algo.epsilon``.
+    """
+    parts = key.split(".")
+    node: object = cfg
+    for i, part in enumerate(parts):
+        if not isinstance(node, DictConfig):
+            return []
+        if part in node:
+            node = node._get_node(part)
+            continue
+        prefix = ".".join(parts[:i])
+        out = []
+        for match in difflib.get_close_matches(part, [str(k) for k in node.keys()], n=n):
+            full = ".".join(p for p in (prefix, match) if p)
+            rest = ".".join(parts[i + 1:])
+            if rest and OmegaConf.select(node, f"{match}.{rest}", default="<none>",
+                                         throw_on_resolution_failure=False) != "<none>":
+                full = f"{full}.{rest}"
+            out.append(full)
+        return out
+    return []
+
+
+def unknown_key_message(cfg: DictConfig, key: str, line: str) -> str:
+    """The sentence for an override ``line`` of a ``key`` that ``cfg`` (composed without it) does not have."""
+    close = closest_keys(cfg, key)
+    if close:
+        return f"{key} is not a key of the config; did you mean {' or '.join(close)}?"
+    return (f"{key} is not a key of the config and no existing key is close to it (`--cfg job` lists them); "
+            f"to add a new key write +{line}")
+
+
+def _single_value_line(override: Any) -> str | None:
+    """The override as a command-line item with one value: a sweep (``seed=0,1``) takes its first value;
+    None when it cannot be reduced to one (e.g. ``interval(0,1)``): that item is left out of the check."""
+    if not override.is_sweep_override():
+        return override.input_line
+    try:
+        first = next(iter(override.sweep_string_iterator()))
+    except Exception:
+        return None
+    prefix = "++" if override.is_force_add() else "+" if override.is_add() else ""
+    return f"{prefix}{override.get_key_element()}={first}"
+
+
+def unknown_overrides(config_dir: str | Path, config_name: str, argv: list[str]) -> list[str]:
+    """Messages for the command-line overrides of keys the composed config does not have, one per key.
+
+    The overrides are composed with Hydra's Compose API as ``hydra.main`` would compose them (a multirun's
+    sweeps with their first value). Whenever Hydra refuses an override because its key does not exist, the
+    item is set aside and the rest composed again; each set-aside key gets :func:`unknown_key_message`
+    against the config composed without it. Anything else Hydra refuses (a config group option that does
+    not exist, a sweep without ``-m``, ...) is left to Hydra's own message (an empty list).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    if (args.help or args.hydra_help or args.info or args.shell_completion or args.config_path or args.config_dir
+            or getattr(args, "experimental_rerun", None)):
+        return []
+    parsed = OverridesParser.create().parse_overrides(args.overrides)
+    if any(o.is_sweep_override() for o in parsed) and not args.multirun:
+        return []  # Hydra: "Ambiguous value ... use --multirun"
+    items = [(o, line) for o in parsed if (line := _single_value_line(o)) is not None]
+    found: list[tuple[str, str]] = []
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
+        for _ in range(len(items) + 1):
+            try:
+                cfg = compose(config_name=args.config_name or config_name, overrides=[line for _, line in items],
+                              return_hydra_config=True)
+                break
+            except ConfigCompositionException as ex:
+                m = re.match(r"Could not override '([^']+)'", str(ex))
+                at = [i for i, (o, _) in enumerate(items) if m and o.key_or_group == m.group(1)]
+                if not at:
+                    return []
+                found.append((m.group(1), items[at[0]][0].input_line))
+                del items[at[0]]
+        else:
+            return []
+    return [unknown_key_message(cfg, key, line) for key, line in found]
+
+
+def check_overrides(config_dir: str | Path, config_name: str, prog: str, argv: list[str] | None = None) -> None:
+    """Before ``hydra.main``: refuse a command line that overrides a key the config does not have, in one line
+    that names the key and the closest existing ones (:func:`unknown_overrides`), exit status 2.
+
+    Skipped when :func:`wants_traceback` (Hydra then reports as it always does) and, so that it can never stop a
+    good command line, when the check itself fails for any other reason.
+
+    Raises:
+        SystemExit: for an override of a key that does not exist.
+    """
+    if wants_traceback():
+        return
+    try:
+        problems = unknown_overrides(config_dir, config_name, sys.argv[1:] if argv is None else argv)
+    except Exception:  # the check must never stop a command line Hydra would run: Hydra decides
+        return
+    if problems:
+        fail(prog, "; ".join(problems))

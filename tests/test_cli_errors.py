@@ -1,0 +1,112 @@
+"""User errors on the real command line: one line on stderr naming the key and the fix, exit status 2, no traceback.
+
+The command lines run concurrently (one module fixture), so the file costs about one start-up of
+``src/train.py`` per core, not one per case.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
+
+from grpolab.cli import one_line, unknown_overrides
+from grpolab.errors import ConfigError, ConfigPathError
+from grpolab.run import build
+
+VLLM_ASYNC_IS = ["rollout=vllm", "rollout.async_generation=true", "algo.vllm_importance_sampling_correction=true"]
+
+# name -> (script, arguments, extra environment, what the last stderr line must contain)
+CASES = {
+    "wrong_type": ("src/train.py", ["trainer.max_steps=abc"], {},
+                   ["train.py: error: trainer.max_steps must be an integer, got 'abc'"]),
+    "missing_data_path": ("src/train.py", ["data=jsonl"], {},
+                          ["data.path is required and not set", "data.path=<value>"]),
+    "missing_model_path": ("src/train.py", ["model=qwen0.5b", "model.path=/nonexistent/model", "plan.check=false"], {},
+                           ["model.path=/nonexistent/model: the folder does not exist",
+                            "give an existing Hugging Face model folder"]),
+    "combination": ("src/train.py", VLLM_ASYNC_IS, {},
+                    ["rollout.async_generation=true", "set rollout.recompute_sampler_logp=false and "
+                     "algo.vllm_importance_sampling_correction=false, or rollout.async_generation=false"]),
+    "typo": ("src/train.py", ["algo.epsilonn=0.3"], {},
+             ["algo.epsilonn is not a key of the config; did you mean algo.epsilon"]),
+    "typo_multirun": ("src/train.py", ["-m", "seed=0,1", "algo.epsilonn=0.1,0.2", "trainer.zzzzqq=1"], {},
+                      ["algo.epsilonn is not a key of the config; did you mean algo.epsilon",
+                       "trainer.zzzzqq is not a key of the config and no existing key is close to it",
+                       "to add a new key write +trainer.zzzzqq=1"]),
+    "eval_missing_data_path": ("src/eval.py", ["data=jsonl"], {}, ["eval.py: error: data.path is required"]),
+    "traceback_env": ("src/train.py", ["trainer.max_steps=abc"], {"GRPOLAB_TRACEBACK": "1"}, []),
+}
+
+
+def _run(tmp, name: str) -> subprocess.CompletedProcess:
+    script, args, env, _ = CASES[name]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline", **env}
+    for var in ("HYDRA_FULL_ERROR", "GRPOLAB_TRACEBACK"):
+        if var not in CASES[name][2]:
+            env.pop(var, None)
+    cmd = [sys.executable, script, *args, f"hydra.run.dir={tmp / name}", f"hydra.sweep.dir={tmp / name}",
+           f"paths.cache_dir={tmp / 'cache'}"]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("cli_errors")
+    with ThreadPoolExecutor(max_workers=max(2, min(len(CASES), os.cpu_count() or 2))) as pool:
+        return dict(zip(CASES, pool.map(lambda n: _run(tmp, n), CASES), strict=True))
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "traceback_env"])
+def test_a_user_error_is_one_line_naming_the_key_and_the_fix(runs, name):
+    proc = runs[name]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert lines, proc.stdout[-2000:]
+    for part in CASES[name][3]:
+        assert part in lines[-1], lines[-1]
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output and "Error in call to target" not in output
+    assert "HYDRA_FULL_ERROR" not in output and "To append to your config use" not in output
+    assert "instantiating" not in output  # found before anything was built
+
+
+def test_the_env_var_brings_the_traceback_back(runs):
+    proc = runs["traceback_env"]
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "trainer.max_steps must be an integer" in proc.stderr
+
+
+@pytest.mark.parametrize("override,cls,message", [
+    ("data=jsonl", ConfigError, r"data\.path is required and not set: add data\.path=<value>"),
+    ("data=jsonl data.path=/nope/train.jsonl", ConfigPathError, r"data\.path=/nope/train\.jsonl: no such file"),
+    ("data.test_path=/nope/test.jsonl", ConfigPathError, r"data\.test_path=/nope/test\.jsonl: no such file .*"
+                                                         r"or data\.test_path=null"),
+    ("model.path=/nope/model", ConfigPathError, r"model\.path=/nope/model: the folder does not exist"),
+    ("model.lora.r=4 algo.ref_refresh_every=5", ConfigError, r"set algo\.ref_refresh_every=null, or model\.lora\.r=null"),
+    ("+algo.epsilonn=0.3", ConfigError, r"algo\.epsilonn \(did you mean algo\.epsilon or algo\.epsilon_high\?\)"),
+])
+def test_paths_and_combinations_are_config_errors_before_any_model(tmp_path, override, cls, message):
+    data = ["data=jsonl", f"data.path={REPO_ROOT / 'pyproject.toml'}"] if "test_path" in override else []
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *data, *override.split()])
+    with pytest.raises(cls, match=message):
+        build(cfg)
+    assert not (tmp_path / "cache").exists()  # nothing was built
+
+
+def test_unknown_overrides_leave_good_command_lines_alone():
+    conf = REPO_ROOT / "conf"
+    good = ["-m", "algo=grpo_onpolicy,grpo_offpolicy", "seed=0,1", "+algo.new_key=1", "++seed=3",
+            "model.lora.r=4", "hydra.run.dir=x", "trainer=gpu"]
+    assert unknown_overrides(conf, "train", good) == []
+    assert unknown_overrides(conf, "train", ["algo=no_such_algo"]) == []  # Hydra's own message lists the options
+    assert unknown_overrides(conf, "train", ["seed=0,1"]) == []  # Hydra: a sweep needs --multirun
+    assert unknown_overrides(conf, "train", ["algoo.epsilon=0.1"]) == [
+        "algoo.epsilon is not a key of the config; did you mean algo.epsilon?"]
+    assert unknown_overrides(conf, "eval", ["eval.num_sample=3"]) == [
+        "eval.num_sample is not a key of the config; did you mean eval.num_samples?"]
+    assert one_line("invalid:\n  a\n  b") == "invalid: a; b"
