@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
+from grpolab.callbacks.threads import apply_torch_threads
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import check_checkpoint, check_types, checkpoint_cadence_warning
 from grpolab.distributed import check_trainer, sum_over_ranks
@@ -101,6 +102,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_final_eval(cfg.get("final_eval"))
     check_memory_plan(cfg, algo, lora)  # logged; refuses a run that cannot fit (plan.check) before any model
+    apply_torch_threads(cfg.get("torch_threads", "auto"), OmegaConf.select(cfg, "model._target_"))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     verifier = _build(cfg, "verifier")
@@ -198,6 +200,7 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "time_train_s": round(module.time_train_s, 2),
         **algo.summary(),
         "seed": int(cfg.seed),
+        "data_seed": OmegaConf.select(cfg, "data.seed"),
         "model": str(cfg.model._target_),
         "data": str(cfg.data._target_),
     }
