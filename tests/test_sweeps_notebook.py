@@ -101,7 +101,8 @@ def test_tiny_sweep_runs_every_job(tiny_sweep):
     import json
 
     jobs = sorted(p for p in tiny_sweep.iterdir() if p.is_dir())
-    assert [p.name for p in jobs] == ["0", "1", "2", "3"]
+    assert [p.name.split("_")[0] for p in jobs] == ["0", "1", "2", "3"]  # <num>_<overrides>
+    assert jobs[0].name.startswith("0_seed-0+") and "arm-k1+" in jobs[0].name  # conf/hydra/default.yaml override_dirname
     summaries = [json.loads((p / "summary.json").read_text()) for p in jobs]
     assert [(s["steps_per_generation"], s["seed"]) for s in summaries] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert all(s["steps"] == 4 for s in summaries) and [s["sampler_refreshes"] for s in summaries] == [4, 4, 2, 2]

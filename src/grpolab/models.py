@@ -281,11 +281,12 @@ def build_char_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerF
 class TinyCharModel(PretrainedModel):
     """The embedded default: a Qwen2 model of about 1M parameters with a character-level tokenizer.
 
-    On first use it is built from ``seed`` and warm-started by supervised training on the task's training
-    answers until the expected sampled accuracy (exact, from teacher-forced probabilities at
-    ``warmstart.temperature``) on held-out training prompts reaches ``warmstart.target_accuracy``. The result
-    is cached under ``cache_dir`` keyed by a hash of the architecture, the task rows and the warm-start
-    settings, so a sweep builds it once.
+    Without a warm start it is built from ``seed``. With one, it is built from ``warmstart.seed`` (default 0,
+    independent of the run's seed) and trained on the task's training answers until the expected sampled
+    accuracy (exact, from teacher-forced probabilities at ``warmstart.temperature``) on held-out training
+    prompts reaches ``warmstart.target_accuracy``. The result is cached under ``cache_dir`` keyed by
+    :meth:`cache_key` (architecture, vocabulary, warm-start settings, training rows), so every seed of a sweep
+    loads the same one.
 
     Args:
         cache_dir: folder for warm-started models (``${paths.cache_dir}``).
@@ -332,10 +333,15 @@ class TinyCharModel(PretrainedModel):
         return random_qwen2(tok, self.arch, self.seed, torch.float32)
 
     def cache_key(self, task: Any | None) -> str:
-        """Hash of everything that determines the warm-started weights."""
+        """Hash of everything that determines the warm-started weights: the architecture, the vocabulary, the
+        ``warmstart`` settings (with its own ``seed``) and the task's training rows (prompt, answer). The run's
+        ``seed`` is not in it: the warm start does not use it."""
         rows = task.splits()["train"] if task is not None else []
-        blob = json.dumps({"arch": self.arch, "seed": self.seed, "vocab": CHAR_SPECIALS + CHAR_VOCAB,
-                           "warmstart": self.warmstart, "train": [(r["prompt"], r["answer"]) for r in rows]},
+        ws = dict(self.warmstart or {})
+        # laid out as before warmstart.seed existed (top-level "seed"), so seed-0 entries already cached stay valid
+        blob = json.dumps({"arch": self.arch, "seed": int(ws.pop("seed", 0)), "vocab": CHAR_SPECIALS + CHAR_VOCAB,
+                           "warmstart": ws or None,
+                           "train": [(r["prompt"], r["answer"]) for r in rows]},
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -356,8 +362,9 @@ class TinyCharModel(PretrainedModel):
             return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
         from grpolab.warmstart import warm_start
 
-        model = self._fresh(tok)
-        report = warm_start(model, tok, task.splits()["train"], seed=self.seed, **self.warmstart)
+        ws = {"seed": 0, **self.warmstart}
+        model = random_qwen2(tok, self.arch, int(ws["seed"]), torch.float32)
+        report = warm_start(model, tok, task.splits()["train"], **ws)
         log.info("tiny model: warm start %s", report)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent))

@@ -26,7 +26,7 @@ from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_sta
 from grpolab.algo.metric_reduction import step_weights
 from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
 from grpolab.algo.theorem1 import lower_bound_metrics
-from grpolab.callbacks.step_logging import log_step_metrics
+from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
 from grpolab.config import GRPOConfig
 from grpolab.distributed import shard_models
 from grpolab.errors import NonFiniteLossError
@@ -327,9 +327,13 @@ class GRPOModule(L.LightningModule):
             "num_unscorable": float(s["unscorable"]),
         }
         self._val_acc = acc
+        val = {f"val/{k}": v for k, v in acc.items()}
+        # callbacks read these (checkpoint monitor, progress bar); the logger row is written below at the steps
+        # done, summary.json's numbering (Lightning would write it one step earlier inside fit)
+        self.log_dict(val, on_step=False, on_epoch=True, sync_dist=True, logger=False)
         if not self.trainer.sanity_checking:
             self.val_history.append({"step": int(self.global_step), **acc})
-        self.log_dict({f"val/{k}": v for k, v in acc.items()}, on_step=False, on_epoch=True, sync_dist=True)
+            log_validation_metrics(self.trainer, val, int(self.global_step))
 
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

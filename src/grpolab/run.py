@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
+from grpolab.callbacks.threads import apply_torch_threads
 from grpolab.cli import one_line, user_error, wants_traceback
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import (
@@ -124,6 +125,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     check_final_eval(cfg.get("final_eval"))
     check_memory_plan(cfg, algo, lora)  # logged; refuses a run that cannot fit (plan.check) before any model
     check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named, before any model
+    apply_torch_threads(cfg.get("torch_threads", "auto"), OmegaConf.select(cfg, "model._target_"))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
     verifier = _build(cfg, "verifier")
@@ -251,6 +253,7 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         "time_train_s": round(module.time_train_s, 2),
         **algo.summary(),
         "seed": int(cfg.seed),
+        "data_seed": OmegaConf.select(cfg, "data.seed"),
         "model": str(cfg.model._target_),
         "data": str(cfg.data._target_),
     }

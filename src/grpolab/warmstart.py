@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from grpolab.algo.logprobs import token_log_probs
 
@@ -77,7 +78,10 @@ def warm_start(
 ) -> dict:
     """Train ``model`` in place on ``rows`` until held-out expected accuracy >= ``target_accuracy``.
 
-    The last ``num_heldout`` rows are held out for the stopping test; the others are trained on.
+    The last ``num_heldout`` rows are held out for the stopping test; the others are trained on. A progress
+    bar on stderr counts steps (out of ``max_steps``, an upper bound: it stops at the target) with the held-out
+    accuracy, the rate and an estimated time to the target from the accuracy's progress so far; one log line
+    reports the result.
 
     Returns:
         A report dict: ``steps``, ``heldout_accuracy``, ``target_accuracy``, ``seconds``.
@@ -96,10 +100,14 @@ def warm_start(
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     start = time.perf_counter()
     model.train()
-    acc = expected_accuracy(model, tokenizer, heldout, temperature)
+    acc = acc0 = expected_accuracy(model, tokenizer, heldout, temperature)
     step = 0
+    bar = tqdm(total=max_steps, desc="warm start", unit="step", leave=False, dynamic_ncols=True,
+               bar_format="{desc}: {n_fmt} steps (at most {total_fmt}) [{elapsed}, {rate_fmt}{postfix}]")
+    bar.set_postfix_str(f"acc={acc:.3f}/{target_accuracy:.2f}")
     while acc < target_accuracy:
         if step >= max_steps:
+            bar.close()
             raise RuntimeError(
                 f"warm start: held-out accuracy {acc:.3f} after {step} steps, below "
                 f"model.warmstart.target_accuracy={target_accuracy}; raise model.warmstart.max_steps"
@@ -110,10 +118,24 @@ def warm_start(
         loss.backward()
         optimizer.step()
         step += 1
+        bar.update(1)
         if step % eval_every == 0:
             acc = expected_accuracy(model, tokenizer, heldout, temperature)
-            if step % (eval_every * 10) == 0:
-                log.info("warm start step %d: held-out accuracy %.3f (target %.2f)", step, acc, target_accuracy)
+            eta = eta_to_target(acc0, acc, target_accuracy, time.perf_counter() - start)
+            bar.set_postfix_str(f"acc={acc:.3f}/{target_accuracy:.2f}" + (f", eta~{eta:.0f}s" if eta else ""))
+    bar.close()
     model.eval()
-    return {"steps": step, "heldout_accuracy": acc, "target_accuracy": target_accuracy,
-            "seconds": round(time.perf_counter() - start, 2)}
+    report = {"steps": step, "heldout_accuracy": acc, "target_accuracy": target_accuracy,
+              "seconds": round(time.perf_counter() - start, 2)}
+    log.info("warm start: held-out accuracy %.3f after %d steps in %.0f s", acc, step, report["seconds"])
+    return report
+
+
+def eta_to_target(start_acc: float, acc: float, target: float, elapsed_s: float) -> float | None:
+    """Seconds to ``target`` if accuracy keeps rising at its average rate so far; None before it has risen.
+
+    A rough guide: accuracy on the addition task rises slowly, then jumps, so the estimate errs long.
+    """
+    if acc <= start_acc or elapsed_s <= 0:
+        return None
+    return max(target - acc, 0.0) * elapsed_s / (acc - start_acc)

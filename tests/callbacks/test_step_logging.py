@@ -95,6 +95,15 @@ def test_step_metrics_follow_log_every_n_steps(run):
     assert {"train/reward", "train/loss", "val/accuracy"} <= set(trainer.callback_metrics)
 
 
+def test_validation_rows_count_steps_done_like_summary_json(run):
+    """A validation after 4 optimizer steps is written at step 4 (``val_history``'s and ``summary.json``'s
+    numbering), not at Lightning's 3."""
+    metrics, trainer = run
+    val = metrics.dropna(subset=["val/accuracy"])
+    assert val["step"].tolist() == [4] == [h["step"] for h in trainer.lightning_module.val_history]
+    assert val["epoch"].notna().all()
+
+
 def test_every_logged_step_metric_declares_how_it_combines_over_ranks(run):
     metrics, _ = run
     names = {c for c in metrics.columns if c.startswith("train/")}

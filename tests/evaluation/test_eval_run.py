@@ -69,7 +69,7 @@ def test_eval_on_the_val_split_reproduces_the_runs_validation(trained_run, tmp_p
 
 def test_eval_warns_when_the_task_differs_from_the_run(trained_run, tmp_path):
     run, _ = trained_run
-    result, _ = _eval(tmp_path, [f"model.path={run / 'policy'}", "seed=1", "eval.num_samples=1", "eval.max_prompts=2",
+    result, _ = _eval(tmp_path, [f"model.path={run / 'policy'}", "data_seed=1", "eval.num_samples=1", "eval.max_prompts=2",
                                  "eval.greedy=false"])
     assert result["run"]["data_differs"] == ["seed"]
 

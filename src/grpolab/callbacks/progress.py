@@ -44,13 +44,19 @@ class GRPOProgressBar(TQDMProgressBar):
         super().on_train_start(trainer, pl_module)
         self.train_progress_bar.leave = self._leave_done
         self._start_time, self._start_step = time.perf_counter(), int(trainer.global_step)
+        self._reset_bar(trainer)  # a run resumed mid-epoch gets no on_train_epoch_start (Lightning skips it)
 
     def on_train_epoch_start(self, trainer: Any, *_: Any) -> None:
+        self._reset_bar(trainer)
+
+    def _reset_bar(self, trainer: Any) -> None:
+        """Total ``trainer.max_steps`` (none when unbounded), position ``trainer.global_step`` (a resumed run
+        starts where it stopped)."""
         bar = self.train_progress_bar
         bar.reset(total=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None)
         bar.initial = 0
-        bar.n = int(trainer.global_step)  # a resumed run starts where it stopped
-        bar.set_description(self.train_description)
+        bar.n = int(trainer.global_step)
+        bar.set_description(self.train_description)  # redraws the bar
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         bar = self.train_progress_bar

@@ -102,3 +102,26 @@ def log_step_metrics(trainer: Any, metrics: Mapping[str, Any], step: int,
             logger.log_metrics(metrics=row, step=step)
             logger.save()
     return out
+
+
+def log_validation_metrics(trainer: Any, metrics: Mapping[str, float], steps_done: int) -> None:
+    """Write one validation row to every logger at ``step = steps_done`` (optimizer steps done so far).
+
+    Lightning's connector writes epoch-end metrics of a validation inside ``fit`` at the count of batches that
+    had stepped BEFORE the last one (49 after 50 steps), while ``summary.json``'s ``val_history`` and ``steps``
+    count steps done (50). Writing the row here keeps ``metrics.csv`` on ``summary.json``'s numbering; the
+    caller logs the same values with ``log_dict(..., logger=False)`` for the callbacks (checkpoint monitor,
+    progress bar). Loggers write on rank 0 only (Lightning's loggers are ``rank_zero_only``).
+
+    Args:
+        trainer: the Lightning trainer (its ``loggers`` and ``current_epoch``).
+        metrics: name -> float (``val/accuracy``, ...), the same on every rank.
+        steps_done: ``trainer.global_step`` when the validation ran.
+    """
+    if not trainer.loggers or not metrics:
+        return
+    row = {k: float(v) for k, v in metrics.items()}
+    row.setdefault("epoch", trainer.current_epoch)  # the column Lightning's connector adds
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics=row, step=int(steps_done))
+        logger.save()

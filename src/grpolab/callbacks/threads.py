@@ -1,21 +1,97 @@
-"""Pin the number of torch CPU threads for a run (a callback, so a sweep config can set it)."""
+"""Torch CPU threads for a run: the ``torch_threads`` default, and a warning when the machine is oversubscribed.
+
+On a small CPU shared with other processes, torch's default (one intra-op thread per core) oversubscribes the
+cores: every parallel region waits for a descheduled thread, and the tiny model runs many times slower than
+with one thread. Measured on this project's 2-core machine under a load average of 7-10 (other jobs running),
+default tiny architecture, 40 steps without warm start: 0.70 steps/s with torch's default (2 threads) against
+9.05 steps/s with one thread (docs/training.md). The embedded models are too small for
+intra-op parallelism to pay, so ``torch_threads: auto`` gives them one thread; other models keep torch's
+default.
+
+Thread count and results: the tiny model's logits, losses and gradients were bitwise equal with 1 and 2
+threads in our check (tests/callbacks/test_threads.py), but torch does not promise it for every kernel and
+shape (a parallel reduction may sum in another order), so treat ``torch_threads`` as part of the configuration
+when comparing runs bitwise. A given configuration is deterministic whatever the load.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 
 import lightning as L
 import torch
 
 log = logging.getLogger(__name__)
 
+# model targets that get one thread under torch_threads=auto: the embedded ~1M-parameter models
+SMALL_MODEL_TARGETS = ("grpolab.models.TinyCharModel", "grpolab.models.TinyQwenModel")
+
+
+def resolve_torch_threads(setting: object, model_target: str | None) -> int | None:
+    """The thread count ``torch_threads`` asks for.
+
+    Args:
+        setting: ``"auto"`` (one thread for the embedded small models, torch's default otherwise), a positive
+            int, or None (torch's default).
+        model_target: ``model._target_`` of the run.
+
+    Returns:
+        The number of threads to set, or None to leave torch's default.
+
+    Raises:
+        ValueError: naming ``torch_threads`` for anything else (0, a negative number, another string).
+    """
+    if setting is None:
+        return None
+    if setting == "auto":
+        return 1 if model_target in SMALL_MODEL_TARGETS else None
+    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
+        raise ValueError(f"torch_threads must be auto, null or an integer >= 1, got {setting!r}")
+    return setting
+
+
+def oversubscription_warning(load: float, cores: int, threads: int) -> str | None:
+    """A one-line warning when the 1-minute load average exceeds the core count, else None.
+
+    Args:
+        load: ``os.getloadavg()[0]``.
+        cores: ``os.cpu_count()``.
+        threads: the torch threads this run uses.
+    """
+    if load <= cores:
+        return None
+    hint = ("torch_threads=1 is set; fewer parallel runs would help more" if threads == 1 else
+            "set torch_threads=1 (one torch thread per run), often several times faster on a busy machine")
+    return (f"the machine is oversubscribed: load average {load:.1f} on {cores} cores, this run uses {threads} "
+            f"torch threads; {hint}")
+
+
+def apply_torch_threads(setting: object, model_target: str | None) -> int:
+    """Set torch's intra-op threads from ``torch_threads`` and warn (one line) when the machine is oversubscribed.
+
+    Call it before any model is built. Returns the thread count in effect.
+
+    Raises:
+        ValueError: see :func:`resolve_torch_threads`.
+    """
+    threads = resolve_torch_threads(setting, model_target)
+    if threads is not None and torch.get_num_threads() != threads:
+        log.info("torch CPU threads: %d -> %d (torch_threads=%s)", torch.get_num_threads(), threads, setting)
+        torch.set_num_threads(threads)
+    in_effect = torch.get_num_threads()
+    if hasattr(os, "getloadavg"):
+        warning = oversubscription_warning(os.getloadavg()[0], os.cpu_count() or 1, in_effect)
+        if warning:
+            log.warning(warning)
+    return in_effect
+
 
 class TorchThreads(L.Callback):
-    """Call ``torch.set_num_threads(num_threads)`` when the run starts (``setup``, before the model is built).
+    """Call ``torch.set_num_threads(num_threads)`` when the run starts (``setup``, before training).
 
-    On a small CPU shared with other processes, torch's default (one thread per core) oversubscribes the cores:
-    every parallel region waits for a descheduled thread, and the tiny model runs 5-10x slower than with one
-    thread (measured on 2 shared cores: 20 steps in 30 s with 1 thread, 178 s with 2).
+    The top-level ``torch_threads`` key does this before the model is built and covers most needs; the
+    callback stays for sweep configs that set it per job.
 
     Args:
         num_threads: threads for intra-op parallelism (>= 1); None leaves torch's default.

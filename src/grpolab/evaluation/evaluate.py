@@ -134,19 +134,20 @@ def _run_folder(cfg: DictConfig) -> Path | None:
 
 
 def _check_run_data(cfg: DictConfig, run: Path) -> dict[str, Any]:
-    """Compare the eval's task config with the run's; warn when they differ (a different seed changes the
-    arithmetic split, so the 'test' prompts could be training prompts of that run)."""
+    """Compare the eval's task config with the run's; warn when they differ (a different data seed changes the
+    split, so the 'test' prompts could be training prompts of that run)."""
     info: dict[str, Any] = {"run_dir": str(run)}
     summary = run / "summary.json"
     if summary.is_file():
         s = json.loads(summary.read_text())
         info.update({k: s.get(k) for k in ("val_accuracy_end", "val_best_accuracy", "steps", "seed")})
+        info["data_seed"] = s.get("data_seed", s.get("seed"))  # runs before data_seed split by their seed
     hydra_cfg = run / ".hydra" / "config.yaml"
     ours_seed = OmegaConf.select(cfg, "data.seed")
-    if not hydra_cfg.is_file() and info.get("seed") is not None and ours_seed is not None:
-        if int(info["seed"]) != int(ours_seed):  # no saved config (an in-process run): the seed still tells
-            log.warning("the run %s used seed=%s but data.seed=%s here: pass seed=%s so its held-out prompts "
-                        "are the ones scored", run, info["seed"], ours_seed, info["seed"])
+    if not hydra_cfg.is_file() and info.get("data_seed") is not None and ours_seed is not None:
+        if int(info["data_seed"]) != int(ours_seed):  # no saved config (an in-process run): the summary tells
+            log.warning("the run %s used data.seed=%s but data.seed=%s here: pass data_seed=%s so its held-out "
+                        "prompts are the ones scored", run, info["data_seed"], ours_seed, info["data_seed"])
             info["data_differs"] = ["seed"]
     if hydra_cfg.is_file():
         run_cfg = OmegaConf.load(hydra_cfg)
@@ -158,8 +159,8 @@ def _check_run_data(cfg: DictConfig, run: Path) -> dict[str, Any]:
         if theirs != ours:
             diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
             log.warning("the task config differs from the run's (%s) in %s: pass the run's overrides "
-                        "(e.g. seed=%s) so its held-out prompts are the ones scored", run, diff,
-                        OmegaConf.select(run_cfg, "seed"))
+                        "(e.g. data_seed=%s) so its held-out prompts are the ones scored", run, diff,
+                        OmegaConf.select(run_cfg, "data.seed"))
             info["data_differs"] = diff
     return info
 
