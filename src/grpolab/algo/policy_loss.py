@@ -114,7 +114,8 @@ def get_policy_loss(name: str) -> PolicyLoss:
         ValueError: naming ``algo.clip_mode`` and listing the registered names.
     """
     if name not in POLICY_LOSSES:
-        raise ConfigError(f"algo.clip_mode must be one of {tuple(POLICY_LOSSES)}, got {name!r}")
+        raise ConfigError(f"algo.clip_mode must be one of {tuple(POLICY_LOSSES)}, got {name!r} (a variant of your "
+                          "own is registered by importing its module: add imports=[<module>])")
     return POLICY_LOSSES[name]
 
 
