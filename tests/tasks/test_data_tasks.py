@@ -202,7 +202,7 @@ def test_data_configs_instantiate(shared_data):
         "jsonl": shared_data / "math500" / "test.jsonl",
     }
     for name, path in paths.items():
-        cfg = OmegaConf.merge({"seed": 3}, {"data": OmegaConf.load(CONF / f"{name}.yaml")})
+        cfg = OmegaConf.merge({"seed": 0, "data_seed": 3}, {"data": OmegaConf.load(CONF / f"{name}.yaml")})
         cfg.data.path = str(path)
         if name == "jsonl":
             cfg.data.prompt_key = "problem"

@@ -22,6 +22,8 @@ import os
 import lightning as L
 import torch
 
+from grpolab.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 # model targets that get one thread under torch_threads=auto: the embedded ~1M-parameter models
@@ -47,7 +49,7 @@ def resolve_torch_threads(setting: object, model_target: str | None) -> int | No
     if setting == "auto":
         return 1 if model_target in SMALL_MODEL_TARGETS else None
     if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
-        raise ValueError(f"torch_threads must be auto, null or an integer >= 1, got {setting!r}")
+        raise ConfigError(f"torch_threads must be auto, null or an integer >= 1, got {setting!r}")
     return setting
 
 
@@ -61,10 +63,10 @@ def oversubscription_warning(load: float, cores: int, threads: int) -> str | Non
     """
     if load <= cores:
         return None
-    hint = ("torch_threads=1 is set; fewer parallel runs would help more" if threads == 1 else
+    hint = ("it already uses one thread; fewer parallel runs would help more" if threads == 1 else
             "set torch_threads=1 (one torch thread per run), often several times faster on a busy machine")
     return (f"the machine is oversubscribed: load average {load:.1f} on {cores} cores, this run uses {threads} "
-            f"torch threads; {hint}")
+            f"torch thread{'s' if threads != 1 else ''}; {hint}")
 
 
 def apply_torch_threads(setting: object, model_target: str | None) -> int:

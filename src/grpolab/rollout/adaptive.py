@@ -14,8 +14,9 @@ trust region is what the setting controls, rather than k.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from grpolab.rollout.buffer import RolloutBuffer
 from grpolab.rollout.settings import RolloutSettings
@@ -39,19 +40,28 @@ class DriftRefresh:
         self.num_iterations = num_iterations
         self.steps: list[int] = []
         self.unused_minibatches = 0
+        self.last = math.nan  # the drift read before the current step
 
-    def before_step(self, step: int, buffer: RolloutBuffer, measured: float | None,
-                    mean_over_ranks: Callable[[float], float]) -> float:
+    def before_step(self, step: int, buffer: RolloutBuffer, measured: float | None, trainer: Any = None) -> float:
         """End ``buffer`` if ``measured``, the drift of the last trained minibatch, passes the bound; returns the
-        drift averaged over ranks (NaN when disabled or nothing of this buffer was trained yet).
-        ``mean_over_ranks`` is a collective under DDP: every rank calls this at the same step."""
+        drift averaged over ranks (NaN when disabled or nothing of this buffer was trained yet). Under DDP the
+        average is a collective (``trainer.strategy.reduce``): every rank calls this at the same step."""
+        self.last = math.nan
         if not self.enabled or buffer.position == 0 or measured is None:
-            return math.nan
-        drift = mean_over_ranks(measured)
+            return self.last
+        drift = measured
+        if trainer is not None and trainer.world_size > 1:  # every rank must take the same decision
+            drift = float(trainer.strategy.reduce(torch.tensor(drift), reduce_op="mean"))
+        self.last = drift
         if buffer.has_pending() and buffer.position % self.num_iterations == 0 and drift > self.max_drift:
             self.unused_minibatches += buffer.end_early()
             self.steps.append(step)
         return drift
+
+    def metrics(self) -> dict[str, float]:
+        """The step's ``rollout/drift`` (the value the rule read) and ``rollout/drift_refreshes`` (so far); empty
+        unless ``refresh=adaptive``."""
+        return {"rollout/drift": self.last, "rollout/drift_refreshes": float(len(self.steps))} if self.enabled else {}
 
     def summary(self) -> dict[str, Any]:
         """``refresh``, ``drift_refreshes`` (count), ``drift_refresh_steps`` and ``unused_minibatches``."""

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from grpolab.config import GRPOConfig
@@ -36,7 +35,6 @@ from grpolab.rollout.settings import RolloutSettings
 @dataclass
 class Ticket:
     """Placeholder training batch: 'make the next minibatch here'."""
-
     serial: int
 
 
@@ -45,7 +43,7 @@ class _Tickets(IterableDataset):
         return map(Ticket, itertools.count())
 
 
-def _identity(batch: Any) -> Any:
+def _identity(batch: Any) -> Any:  # collate_fn: batches are made in on_before_batch_transfer
     return batch
 
 
@@ -126,16 +124,15 @@ class RolloutDataModule(L.LightningDataModule):
 
     def next_minibatch(self) -> Minibatch:
         """The minibatch for the coming optimizer step, refilling the buffer when it is used up."""
-        step = self._step()
+        step = int(self.trainer.global_step) if self.trainer is not None else 0
         self._refresh_reference_if_due(step)
-        drift = self.drift_refresh.before_step(step, self.buffer, self.models.drift, self._mean_over_ranks)
+        self.drift_refresh.before_step(step, self.buffer, self.models.drift, self.trainer)
         if self.buffer.needs_refresh():
             self.buffer.fill(self.refresh.refill(step, self.buffer.rounds))
         self.refresh.before_step(step, self.buffer, self.trainer.max_steps if self.trainer else None)
         mb = self.buffer.next(step)
         mb.metrics = {"time/rollout": self.refresh.time_rollout_s, "time/weight_sync": self.sampler.take_push_time()}
-        if self.settings.refresh == "adaptive":
-            mb.metrics.update({"rollout/drift": drift, "rollout/drift_refreshes": float(len(self.drift_refresh.steps))})
+        mb.metrics.update(self.drift_refresh.metrics())
         return mb
 
 
@@ -153,14 +150,6 @@ class RolloutDataModule(L.LightningDataModule):
         with self._precision():
             refresh_reference(models.reference, models.policy, self.buffer.remaining(), self.cfg)
         self.ref_refreshed_at = step
-
-    def _mean_over_ranks(self, x: float) -> float:
-        if self.trainer is None or self.trainer.world_size == 1:
-            return x
-        return float(self.trainer.strategy.reduce(torch.tensor(x), reduce_op="mean"))
-
-    def _step(self) -> int:
-        return int(self.trainer.global_step) if self.trainer is not None else 0
 
     def _rank_world(self) -> tuple[int, int]:
         return (int(self.trainer.global_rank), int(self.trainer.world_size)) if self.trainer is not None else (0, 1)
