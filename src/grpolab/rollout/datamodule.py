@@ -135,7 +135,6 @@ class RolloutDataModule(L.LightningDataModule):
         mb.metrics.update(self.drift_refresh.metrics())
         return mb
 
-
     def validation_samples(self, rows: list[dict]) -> dict[str, dict[str, Any]]:
         """``sampled`` (``val_num_generations`` per row) and ``greedy`` samples of the live policy."""
         return self.validation_producer.sampled_and_greedy(self.models.policy, rows, self.val_num_generations)

@@ -79,7 +79,7 @@ def _to_cpu(value: Any) -> Any:
 
 
 def gather_rank_states(local: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
-    """Every rank's ``local`` (its own ``buffer``, ``in_flight`` and ``counters``: under DDP/FSDP each rank samples
+    """Every rank's ``local`` (its own ``buffer``, ``in_flight``, ``counters`` and ``drift``: under DDP/FSDP each rank samples
     its own prompts), on every rank, with tensors moved to the CPU.
 
     A collective (``torch.distributed.all_gather_object``): every rank must call it. ``in_flight`` is
@@ -125,11 +125,13 @@ def rollout_state(dm: Any, rank: int, world: int) -> dict[str, Any]:
     """
     refresh = dm.refresh.state_dict() if dm.refresh else {"in_flight": None}
     buffer = dm.buffer.state_dict()
+    # per rank: each rank's own buffer and counters, and the drift it measured on its own rows (adaptive refresh)
     local = {"buffer": buffer.pop("buffer"), "in_flight": refresh.pop("in_flight"),
-             "counters": dict(dm.producer.counters) if dm.producer else {}}
+             "counters": dict(dm.producer.counters) if dm.producer else {},
+             "drift": dm.models.drift if dm.models else None}
     state = {"prompt_order": dm.prompts.state_dict() if dm.prompts else None, **local, **buffer, **refresh,
              **dm.sampler.state_dict(), "ref_refreshed_at": dm.ref_refreshed_at, "settings": buffer_settings(dm.cfg),
-             "drift_refresh": dm.drift_refresh.state_dict(), "drift": dm.models.drift if dm.models else None}
+             "drift_refresh": dm.drift_refresh.state_dict()}
     if world > 1:
         state["ranks"] = gather_rank_states(local, rank, world)
     return state
