@@ -25,7 +25,7 @@ from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engine import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder, check_split_sizes
-from grpolab.rollout.reference import refresh_reference
+from grpolab.rollout.reference import refresh_reference_if_due
 from grpolab.rollout.refresh import SyncRefresh, make_refresh
 from grpolab.rollout.resume import load_rollout_state, rollout_state, rollout_summary
 from grpolab.rollout.sampler import SamplerPolicy
@@ -125,7 +125,8 @@ class RolloutDataModule(L.LightningDataModule):
     def next_minibatch(self) -> Minibatch:
         """The minibatch for the coming optimizer step, refilling the buffer when it is used up."""
         step = int(self.trainer.global_step) if self.trainer is not None else 0
-        self._refresh_reference_if_due(step)
+        self.ref_refreshed_at = refresh_reference_if_due(self.models, self.buffer, self.cfg, step, self.ref_refreshed_at,
+                                                         self._precision)
         self.drift_refresh.before_step(step, self.buffer, self.models.drift, self.trainer)
         if self.buffer.needs_refresh():
             self.buffer.fill(self.refresh.refill(step, self.buffer.rounds))
@@ -138,17 +139,6 @@ class RolloutDataModule(L.LightningDataModule):
     def validation_samples(self, rows: list[dict]) -> dict[str, dict[str, Any]]:
         """``sampled`` (``val_num_generations`` per row) and ``greedy`` samples of the live policy."""
         return self.validation_producer.sampled_and_greedy(self.models.policy, rows, self.val_num_generations)
-
-    def _refresh_reference_if_due(self, step: int) -> None:
-        """Every ``algo.ref_refresh_every`` steps the reference becomes the policy, and the buffer's stored reference
-        log-probs of the minibatches still to come are recomputed, so the KL term of every later step is taken
-        against the new reference whatever k."""
-        every, models = self.cfg.ref_refresh_every, self.models
-        if not every or models.reference is None or step == 0 or step % every or self.ref_refreshed_at == step:
-            return
-        with self._precision():
-            refresh_reference(models.reference, models.policy, self.buffer.remaining(), self.cfg)
-        self.ref_refreshed_at = step
 
     def _rank_world(self) -> tuple[int, int]:
         return (int(self.trainer.global_rank), int(self.trainer.world_size)) if self.trainer is not None else (0, 1)

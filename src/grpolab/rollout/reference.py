@@ -33,3 +33,27 @@ def refresh_reference(reference: Any, policy: Any, remaining: list[Any], cfg: An
         mb.ref_logp = batched_log_probs(reference, mb.tensors(), cfg.temperature, cfg.micro_batch_size,
                                         cfg.shared_prompt_forward)
     return len(remaining)
+
+
+def refresh_reference_if_due(models: Any, buffer: Any, cfg: Any, step: int, last: int, precision: Any) -> int:
+    """At every multiple of ``algo.ref_refresh_every`` (step > 0, once per step), make the reference the policy and
+    recompute the stored ``ref_logp`` of the buffer's remaining minibatches (:func:`refresh_reference`), so the KL
+    term of every later step is taken against the new reference whatever k.
+
+    Args:
+        models: the :class:`~grpolab.handle.PolicyHandle` (``policy``, ``reference``; no reference: nothing to do).
+        buffer: the :class:`~grpolab.rollout.buffer.RolloutBuffer` (its ``remaining()`` minibatches are updated).
+        cfg: :class:`~grpolab.config.GRPOConfig`.
+        step: the optimizer step about to run.
+        last: the step of the previous refresh (0: none).
+        precision: a callable giving the training forward's precision context.
+
+    Returns:
+        The step of the latest refresh: ``step`` if it refreshed now, else ``last``.
+    """
+    every = cfg.ref_refresh_every
+    if not every or models.reference is None or step == 0 or step % every or last == step:
+        return last
+    with precision():
+        refresh_reference(models.reference, models.policy, buffer.remaining(), cfg)
+    return step
