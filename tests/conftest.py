@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Under pytest-xdist (``-n auto``) each worker process gets one torch/OpenMP thread, before any test imports torch:
+# the workers already fill the cores, and a second thread per worker only waits for a descheduled peer. Processes
+# the tests start (train.py subprocesses, DDP ranks) inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
@@ -70,3 +77,11 @@ def compose_train_cfg(output_dir: Path, overrides: list[str], config_name: str =
         cfg.paths.output_dir = str(output_dir)
         cfg.paths.cache_dir = str(output_dir / "cache")
     return cfg
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the files that hold ``slow`` tests first (stable order otherwise). With ``--dist loadfile`` and no
+    reordering (pyproject's addopts) xdist hands out whole files in this order, so the long ones start at once
+    instead of becoming the tail of the run."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT
 
 
+@pytest.mark.slow
 def test_multirun_over_algos_and_seeds(tmp_path):
     cmd = [sys.executable, "src/train.py", "-m", "algo=grpo_onpolicy,grpo_offpolicy", "seed=0,1",
            *FAST_OVERRIDES, "trainer.max_steps=2", "trainer.val_check_interval=2", "save_policy=false",

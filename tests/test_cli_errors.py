@@ -61,6 +61,7 @@ def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
         return dict(zip(CASES, pool.map(lambda n: _run(tmp, n), CASES), strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in CASES if n != "traceback_env"])
 def test_a_user_error_is_one_line_naming_the_key_and_the_fix(runs, name):
     proc = runs[name]
@@ -75,6 +76,7 @@ def test_a_user_error_is_one_line_naming_the_key_and_the_fix(runs, name):
     assert "instantiating" not in output  # found before anything was built
 
 
+@pytest.mark.slow
 def test_the_env_var_brings_the_traceback_back(runs):
     proc = runs["traceback_env"]
     assert proc.returncode != 0

@@ -86,6 +86,7 @@ def _check_interrupted_then_resume(reference: Path, out: Path, rc: int, output: 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_process_group_saves_a_resumable_checkpoint_and_exits_130(reference, tmp_path):
     out = tmp_path / "sigint"
     rc, output = _interrupt(out, signal.SIGINT, group=True)
@@ -93,6 +94,7 @@ def test_ctrl_c_to_the_process_group_saves_a_resumable_checkpoint_and_exits_130(
     _check_interrupted_then_resume(reference, out, rc, output, signal.SIGINT)
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_process_saves_a_resumable_checkpoint_and_exits_143(reference, tmp_path):
     out = tmp_path / "sigterm"
     rc, output = _interrupt(out, signal.SIGTERM, group=False)

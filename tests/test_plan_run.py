@@ -115,6 +115,7 @@ print("MAXRSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
 
+@pytest.mark.slow
 def test_plan_against_a_measured_tiny_run(tmp_path, shared_data):
     run = tmp_path / "run"
     cmd = [sys.executable, "-c", MEASURE, "model=tiny_qwen", f"model.tokenizer_path={shared_data / 'qwen2.5-tokenizer'}",

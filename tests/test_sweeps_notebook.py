@@ -97,6 +97,7 @@ def tiny_sweep(tmp_path_factory):
     return sweep_dir
 
 
+@pytest.mark.slow
 def test_tiny_sweep_runs_every_job(tiny_sweep):
     import json
 

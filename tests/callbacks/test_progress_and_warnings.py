@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT
 
 _CHILD = """
@@ -21,6 +22,7 @@ runpy.run_path("src/train.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_bar_shows_steps_and_the_log_has_no_warnings_we_cause(tmp_path):
     overrides = [o for o in FAST_OVERRIDES if not o.startswith("trainer.enable_progress_bar")]
     cmd = [sys.executable, "-c", _CHILD, "trainer.max_steps=3", *overrides, f"hydra.run.dir={tmp_path}",
@@ -38,6 +40,7 @@ def test_bar_shows_steps_and_the_log_has_no_warnings_we_cause(tmp_path):
     assert "Epoch 0/-2" not in out and "Epoch 0/-2" not in err
 
 
+@pytest.mark.slow
 def test_a_resumed_bar_knows_its_total(tmp_path):
     """Lightning skips ``on_train_epoch_start`` when resuming mid-epoch; the bar still shows ``n/max_steps``."""
     overrides = [o for o in FAST_OVERRIDES if not o.startswith("trainer.enable_progress_bar")]

@@ -92,6 +92,7 @@ def ddp_grads(tmp_path_factory) -> list[dict[str, torch.Tensor]]:
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_two_gloo_ranks_give_trls_gradient(ddp_grads, loss_type):
     # DDP all-reduced: both ranks hold the same gradient

@@ -70,6 +70,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_full_policy_state_under_fsdp2_is_the_unsharded_merged_state(ranks, lora):
     for rank in ranks:
