@@ -15,10 +15,11 @@ from grpolab.verifiers.reward import Verifier
 
 
 def test_thread_path_cuts_the_batch_and_keeps_earlier_scores():
-    # Per-call limit 0.4 s alone would let 6 hangs cost 2.4 s and score the trailing "ok" completions;
-    # the batch bound of 0.6 s is hit during the 2nd hang: the 1st hang is a per-call timeout, the
-    # 2nd and everything after it are batch timeouts.
-    rm = Verifier({"slow": spin_on_marker}, timeout_s=0.4, batch_timeout_s=0.6, num_workers=0)
+    # Per-call limit 1 s alone would let 6 hangs cost 6 s and score the trailing "ok" completions;
+    # the batch bound of 1.5 s is hit during the 2nd hang: the 1st hang is a per-call timeout, the
+    # 2nd and everything after it are batch timeouts. (Bounds of a few tenths of a second failed on a machine
+    # at load 10: the "ok" calls themselves did not get the CPU in time.)
+    rm = Verifier({"slow": spin_on_marker}, timeout_s=1.0, batch_timeout_s=1.5, num_workers=0)
     completions = ["ok", "ok", "HANG", "HANG", "HANG", "HANG", "HANG", "HANG", "ok", "ok"]
     out = rm(completions, answer=["1"] * len(completions))
     assert out.rewards[:3] == [1.0, 1.0, None]
@@ -30,7 +31,7 @@ def test_thread_path_cuts_the_batch_and_keeps_earlier_scores():
 
 
 def test_batch_bound_alone_without_a_per_call_limit():
-    rm = Verifier({"slow": spin_on_marker}, timeout_s=None, batch_timeout_s=0.3, num_workers=0)
+    rm = Verifier({"slow": spin_on_marker}, timeout_s=None, batch_timeout_s=1.0, num_workers=0)
     out = rm(["ok", "HANG", "ok"], answer=["1"] * 3)
     assert out.rewards == [1.0, None, None]
     assert (out.num_timeouts, out.num_batch_timeouts, out.num_unscorable) == (0, 2, 2)
@@ -38,7 +39,7 @@ def test_batch_bound_alone_without_a_per_call_limit():
 
 def test_a_cut_completion_is_cut_for_every_function_and_the_others_are_whole():
     # Completion by completion: a cut never leaves completion 0 half scored.
-    rm = Verifier({"gsm8k": GSM8KVerifier(), "slow": spin_on_marker}, timeout_s=None, batch_timeout_s=0.3)
+    rm = Verifier({"gsm8k": GSM8KVerifier(), "slow": spin_on_marker}, timeout_s=None, batch_timeout_s=1.0)
     out = rm(["#### 1", "#### 1 HANG", "#### 1"], answer=["1"] * 3)
     assert out.per_func["gsm8k"][0] == 1.0 and out.per_func["slow"][0] == 1.0
     assert out.rewards == [2.0, None, None]
