@@ -47,6 +47,7 @@ KNOBS = {
     "runtime": "none (libraries and CUDA context)",
     "activations": "algo.micro_batch_size (e.g. 2), model.gradient_checkpointing=true, a shorter algo.max_completion_length",
     "optimizer_step": "algo.optimizer.fused=true",
+    "tied_embedding_grad": "model.lora.r=16 (the embedding is frozen)",
     "kv_cache": "rollout.generation_batch_size (e.g. 16), val.batch_size, a shorter algo.max_completion_length",
 }
 _PRECISION_ALIASES = {"bf16": "bf16-mixed", "16": "16-mixed", "32": "32-true", "64": "64-true"}
