@@ -45,7 +45,7 @@ MIB = 1 << 20
 COMMON = [
     "data=gsm8k", f"data.path={DATA / 'gsm8k' / 'train.jsonl'}", f"data.test_path={DATA / 'gsm8k' / 'test.jsonl'}",
     "data.val_size=2", "verifier=gsm8k", f"model.tokenizer_path={DATA / 'qwen2.5-tokenizer'}", "model.init=random",
-    "algo.num_generations=2", "algo.per_device_train_batch_size=4", "algo.max_completion_length=64",
+    "algo.num_generations=2", "algo.per_device_train_batch_size=4", "algo.max_completion_length=32",
     "algo.truncated_reward=-1.0", "plan.prompt_length=160", "trainer.val_check_interval=100000",
     "trainer.enable_progress_bar=false", "val.at_start=false", "save_policy=false",
     "~callbacks.model_checkpoint", "~callbacks.completions",
