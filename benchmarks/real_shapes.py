@@ -115,7 +115,7 @@ def run_row(name: str, python: str, steps: int, out: Path, quick: bool = False) 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.Popen([python, "src/train.py", *overrides], cwd=ROOT, env=env,
-                            stdout=open(out.with_suffix(".log"), "w"), stderr=subprocess.STDOUT)
+                            stdout=open(out.parent / f"{out.name}.log", "w"), stderr=subprocess.STDOUT)
     tree_peak, usage = 0, None
     while usage is None:  # the whole tree's RSS, sampled; the per-process high-water mark comes from wait4
         pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
