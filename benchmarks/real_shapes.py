@@ -16,7 +16,8 @@ Not CI. Every row is ``src/train.py`` with ``model.init=random`` (the ``config.j
   plan's ``peak_bytes`` per process from ``summary.json``; ``plan_error``: plan / measured - 1.
 * ``s_per_step``: wall seconds of the last optimizer step (``train/step_time`` plus that step's rollout).
 * ``gen_tok_s``: completion tokens of the last step / its rollout seconds (generation plus the sampler's
-  log-prob pass and scoring: a lower bound on decode speed). ``train_tok_s``: prompt + completion tokens of the
+  log-prob pass and scoring: a lower bound on decode speed; None for the async row, whose generation runs
+  beside training and is not timed per step). ``train_tok_s``: prompt + completion tokens of the
   last step / its training seconds (forward, backward, optimizer).
 * ``gen_peak_frac`` / ``train_peak_frac``: model FLOP/s over the measured matmul peak of the row's dtype.
   FLOPs counted: 2 N per generated token (N = matmul parameters, the tied head included, attention scores
@@ -155,9 +156,10 @@ def run_row(name: str, python: str, steps: int, out: Path, quick: bool = False) 
             "plan_terms_MiB": {k: round(v / MIB) for k, v in plan["terms_bytes"].items()},
             "s_per_step": round(float(last["train/step_time"]) + rollout_s, 2), "rollout_s": round(rollout_s, 2),
             "train_s": round(train_s, 2), "gen_tokens": gen_tokens, "train_tokens": train_tokens,
-            "gen_tok_s": round(gen_tokens / max(rollout_s, 1e-9), 2),
+            "gen_tok_s": round(gen_tokens / rollout_s, 2) if rollout_s > 1e-3 else None,  # async: not in the step
             "train_tok_s": round(train_tokens / max(train_s, 1e-9), 2),
-            "gen_flop_s": 2 * n * gen_tokens / max(rollout_s, 1e-9), "train_flop_s": train_flops / max(train_s, 1e-9)}
+            "gen_flop_s": 2 * n * gen_tokens / rollout_s if rollout_s > 1e-3 else None,
+            "train_flop_s": train_flops / max(train_s, 1e-9)}
 
 
 def main() -> None:
@@ -187,7 +189,7 @@ def main() -> None:
         python = args.vllm_python if name in VLLM_ROWS else args.python
         row = run_row(name, python, args.steps, base / name, args.quick)
         kind = "bfloat16" if row["dtype"] == "bfloat16" else "float32"
-        row["gen_peak_frac"] = round(row["gen_flop_s"] / peaks[f"{kind}_decode"], 3)
+        row["gen_peak_frac"] = round(row["gen_flop_s"] / peaks[f"{kind}_decode"], 3) if row["gen_flop_s"] else None
         row["train_peak_frac"] = round(row["train_flop_s"] / peaks[f"{kind}_train"], 3)
         results.append(row)
         print(json.dumps(row), flush=True)
@@ -199,7 +201,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['row']} | {r['peak_MiB']} | {r['plan_MiB']} | {r['plan_error']:+.1%} | {r['s_per_step']} | "
-              f"{r['gen_tok_s']} | {r['train_tok_s']} | {r['gen_peak_frac']:.1%} | {r['train_peak_frac']:.1%} | "
+              f"{r['gen_tok_s'] or '-'} | {r['train_tok_s']} | {r['gen_peak_frac'] or 0:.1%} | {r['train_peak_frac']:.1%} | "
               f"{r['load_before'][0]}-{r['load_after'][0]} |")
 
 
