@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from grpolab.config import GRPOConfig
 from grpolab.lora import validate_lora
 from grpolab.memory_plan import GIB
-from grpolab.plan_check import available_memory, check_memory_plan, make_plan, wants_plan_only
+from grpolab.plan_check import available_memory, check_memory_plan, make_plan, refusal_message, wants_plan_only
 from grpolab.run import build
 
 SHRINK = ["model.architecture.hidden_size=64", "model.architecture.intermediate_size=128",
@@ -94,6 +94,20 @@ def test_qwen7b_full_finetuning_is_refused_before_loading(tmp_path, caplog):
     cfg.plan.check = False  # the same plan only warns
     assert check_memory_plan(cfg, algo, validate_lora(cfg.model.lora)).peak_bytes == plan.peak_bytes
     assert "running anyway" in caplog.text
+
+
+def test_refusal_leaves_out_knobs_already_set(tmp_path):
+    def message(*overrides):
+        cfg = compose_train_cfg(tmp_path, ["model=qwen7b", "model.init=random", *overrides])
+        algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
+        plan, _, source = make_plan(cfg, algo, validate_lora(cfg.model.lora))
+        return refusal_message(plan, GIB, source, cfg)
+
+    bf16 = message("model.gradient_checkpointing=false")  # qwen7b is bfloat16 already: not offered again
+    assert "model.dtype=bfloat16" not in bf16 and "model.gradient_checkpointing=true" in bf16
+    fp32 = message("model.dtype=float32", "model.gradient_checkpointing=true")
+    assert "model.dtype=bfloat16" in fp32 and "model.gradient_checkpointing=true" not in fp32
+    assert "model.lora.r=16" in fp32  # full fine-tuning: the optimizer's largest knob
 
 
 def test_budget_is_ram_shared_by_cpu_processes(tmp_path):

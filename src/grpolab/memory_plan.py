@@ -13,8 +13,12 @@ What a process holds (a Qwen2-style decoder: q/k/v with biases, SwiGLU MLP, RMSN
   share for ``rollout=vllm``, nothing in place); DDP's gradient buckets (a second copy of the gradients,
   ``gradient_as_bucket_view`` is off); under FSDP the unsharded root (embeddings, head) and two decoder layers
   gathered at a time;
-* the training step: the gradients plus the larger of the activations of one micro-batch and, for the
-  non-fused AdamW, its ``foreach`` temporaries (one tensor of the trainable parameters' size);
+* the training step: the gradients plus the largest of the activations of one micro-batch, for the
+  non-fused AdamW its ``foreach`` temporaries (one tensor of the trainable parameters' size), and, when a tied
+  embedding is trained, its backward's two extra ``vocab x hidden`` tensors (the head's matmul gradient and the
+  lookup's dense gradient exist beside their sum at the end of the backward, when the activations are freed:
+  measured 2.0 x ``vocab x hidden`` above the kept gradients on a tied random Qwen2; untied, each gradient
+  goes straight to its own ``.grad``);
 * generation: the KV cache of every sequence decoded at once plus the decode step's float32 logits.
 
 Synchronous runs hold the training step and generation at different times (the peak takes the larger);
@@ -60,6 +64,7 @@ BACKWARD_ELEMENTS_PER_H = 10          # one layer's backward temporaries per tok
 MIXED_ACTIVATION_BYTES = 3            # average bytes per activation element under 16-bit compute (measured 3.07)
 DECODE_LOGIT_COPIES = 3               # float32 logits, tempered copy, softmax of one decode step
 LORA_ELEMENTS_PER_OUT = 1.5           # LoRA: per token and layer, x the adapted projections' output widths (measured 1.44)
+TIED_GRAD_COPIES = 2                  # full fine-tuning of a tied embedding: transient vocab x hidden tensors (measured 2.0)
 RUNTIME_BYTES = 768 * MIB             # CPU: imports, tokenizer, data, Lightning (measured ~700 MiB); GPU: CUDA context
 
 
@@ -263,7 +268,7 @@ class MemoryPlan:
     Attributes:
         terms: name -> bytes per process (``weights``, ``optimizer``, ``reference``, ``sampler``,
             ``ddp_buckets``, ``fsdp_gathered``, ``runtime``, ``gradients``, ``activations``,
-            ``optimizer_step``, ``kv_cache``).
+            ``optimizer_step``, ``tied_embedding_grad``, ``kv_cache``).
         peak_bytes: persistent terms + the training step and generation (their max, or their sum when async).
         num_params, num_trainable: parameter counts. tokens_per_step: prompt + completion tokens of one
             optimizer step on this process (upper bound). sampler_refreshes, weight_pushes: per run (None when
@@ -339,10 +344,12 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         act += params * 2
     terms["activations"] = act
     terms["optimizer_step"] = 0 if x.fused_optimizer else math.ceil(grads / shard)
+    terms["tied_embedding_grad"] = (TIED_GRAD_COPIES * s.vocab_size * s.hidden_size * train_bytes
+                                    if s.tie_word_embeddings and not x.lora_r else 0)
     terms["kv_cache"] = (kv_cache_bytes(s, hf_rows, tokens, x.compute_bytes)
                          + hf_rows * s.vocab_size * 4 * DECODE_LOGIT_COPIES) if hf_rows else 0
     persistent = sum(terms[k] for k in MemoryPlan.PERSISTENT)
-    training = terms["gradients"] + max(terms["activations"], terms["optimizer_step"])
+    training = terms["gradients"] + max(terms["activations"], terms["optimizer_step"], terms["tied_embedding_grad"])
     peak = persistent + (training + terms["kv_cache"] if x.async_generation else max(training, terms["kv_cache"]))
     refreshes = pushes = None
     if x.max_steps is not None and x.max_steps > 0:
@@ -359,7 +366,8 @@ LABELS = {
     "weights": "weights", "optimizer": "AdamW moments (2)", "reference": "reference model",
     "sampler": "sampler", "ddp_buckets": "DDP gradient buckets", "fsdp_gathered": "FSDP unsharded root + 2 layers",
     "runtime": "runtime allowance", "gradients": "gradients", "activations": "activations (1 micro-batch)",
-    "optimizer_step": "AdamW foreach temporaries", "kv_cache": "generation KV cache + decode logits",
+    "optimizer_step": "AdamW foreach temporaries", "tied_embedding_grad": "tied embedding backward (2 V x h)",
+    "kv_cache": "generation KV cache + decode logits",
 }
 
 

@@ -36,18 +36,20 @@ from grpolab.random_init import check_init
 
 log = logging.getLogger("grpolab.plan")
 
-KNOBS = {
-    "weights": "trainer=fsdp (shards them over processes), model.dtype=bfloat16",
-    "optimizer": "model.lora.r=16 (AdamW state for the adapters only), trainer=fsdp",
-    "gradients": "model.lora.r=16, trainer=fsdp",
-    "reference": "algo.beta=0 (no reference model), or model.lora.r=16 (the reference is the base, adapters off)",
-    "sampler": "rollout=hf (samples in place, no copy), a lower rollout.gpu_memory_utilization (vLLM)",
-    "ddp_buckets": "model.lora.r=16, trainer=fsdp",
-    "fsdp_gathered": "model.lora.r=16",
-    "runtime": "none (libraries and CUDA context)",
-    "activations": "algo.micro_batch_size (e.g. 2), model.gradient_checkpointing=true, a shorter algo.max_completion_length",
-    "optimizer_step": "algo.optimizer.fused=true",
-    "kv_cache": "rollout.generation_batch_size (e.g. 16), val.batch_size, a shorter algo.max_completion_length",
+KNOBS = {  # term -> the settings that shrink it; each names its config key first (dropped when already in effect)
+    "weights": ("trainer=fsdp (shards them over processes)", "model.dtype=bfloat16"),
+    "optimizer": ("model.lora.r=16 (AdamW state for the adapters only)", "trainer=fsdp"),
+    "gradients": ("model.lora.r=16", "trainer=fsdp"),
+    "reference": ("algo.beta=0 (no reference model)", "model.lora.r=16 (the reference is the base, adapters off)"),
+    "sampler": ("rollout=hf (samples in place, no copy)", "a lower rollout.gpu_memory_utilization (vLLM)"),
+    "ddp_buckets": ("model.lora.r=16", "trainer=fsdp"),
+    "fsdp_gathered": ("model.lora.r=16",),
+    "runtime": ("none (libraries and CUDA context)",),
+    "activations": ("algo.micro_batch_size (e.g. 2)", "model.gradient_checkpointing=true",
+                    "a shorter algo.max_completion_length"),
+    "optimizer_step": ("algo.optimizer.fused=true",),
+    "tied_embedding_grad": ("model.lora.r=16 (the embedding is frozen)",),
+    "kv_cache": ("rollout.generation_batch_size (e.g. 16)", "val.batch_size", "a shorter algo.max_completion_length"),
 }
 _PRECISION_ALIASES = {"bf16": "bf16-mixed", "16": "16-mixed", "32": "32-true", "64": "64-true"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -293,9 +295,35 @@ def make_plan(cfg: DictConfig, algo: Any, lora: Any) -> tuple[MemoryPlan | None,
     return plan, budget, budget_source
 
 
-def refusal_message(plan: MemoryPlan, budget: int, budget_source: str) -> str:
-    """The error text: the plan against the budget, the largest terms with the knobs that shrink them."""
-    terms = "; ".join(f"{name} {value / GIB:.1f} GiB ({KNOBS[name]})" for name, value in plan.largest(3))
+def _in_effect(knob: str, cfg: DictConfig | None) -> bool:
+    """True when ``cfg`` already has the setting a knob suggests (``model.dtype=bfloat16`` on a bf16 model, ...)."""
+    if cfg is None:
+        return False
+    if knob.startswith("model.dtype=bfloat16"):
+        return str(OmegaConf.select(cfg, "model.dtype")) == "bfloat16"
+    if knob.startswith("model.gradient_checkpointing=true"):
+        return bool(OmegaConf.select(cfg, "model.gradient_checkpointing", default=False))
+    if knob.startswith("model.lora.r="):
+        return OmegaConf.select(cfg, "model.lora.r") is not None
+    if knob.startswith("algo.optimizer.fused=true"):
+        return bool(OmegaConf.select(cfg, "algo.optimizer.fused", default=False))
+    if knob.startswith("algo.beta=0"):
+        return OmegaConf.select(cfg, "algo.beta") == 0
+    if knob.startswith("rollout=hf "):
+        return str(OmegaConf.select(cfg, "rollout._target_", default="")).endswith("HFGenerationEngine")
+    return False
+
+
+def knobs(term: str, cfg: DictConfig | None = None) -> str:
+    """The settings that shrink ``term``, without those ``cfg`` already has (``none left`` when all are set)."""
+    left = [k for k in KNOBS[term] if not _in_effect(k, cfg)]
+    return ", ".join(left) or "none left in this config"
+
+
+def refusal_message(plan: MemoryPlan, budget: int, budget_source: str, cfg: DictConfig | None = None) -> str:
+    """The error text: the plan against the budget, the largest terms with the knobs that shrink them (those
+    ``cfg`` already has left out)."""
+    terms = "; ".join(f"{name} {value / GIB:.1f} GiB ({knobs(name, cfg)})" for name, value in plan.largest(3))
     return (f"memory plan: {plan.peak_bytes / GIB:.1f} GiB per process exceeds the {budget / GIB:.1f} GiB this run "
             f"can see ({budget_source}); nothing was loaded. Largest terms: {terms}. Set plan.check=false to run "
             "anyway (the plan is an estimate; see the table above)")
@@ -319,7 +347,7 @@ def check_memory_plan(cfg: DictConfig, algo: Any, lora: Any) -> MemoryPlan | Non
     log.info("memory plan (bytes per process, before any model is built):\n%s", format_plan(plan, "", budget, why))
     if budget is not None and plan.peak_bytes > budget:
         if check:
-            raise ConfigError(refusal_message(plan, budget, why))
+            raise ConfigError(refusal_message(plan, budget, why, cfg))
         log.warning("memory plan exceeds the %s (%.1f GiB); plan.check=false: running anyway", why, budget / GIB)
     return plan
 
