@@ -73,8 +73,10 @@ class DriftRefresh:
         return {"rollout/drift": self.last, "rollout/drift_refreshes": float(len(self.steps))} if self.enabled else {}
 
     def summary(self) -> dict[str, Any]:
-        """``refresh``, ``drift_refreshes`` (count), ``drift_refresh_steps`` and ``unused_minibatches``."""
-        return {"refresh": "adaptive" if self.enabled else "steps", "drift_refreshes": len(self.steps),
+        """``refresh``, ``max_drift``, ``drift_refreshes`` (count), ``drift_refresh_steps`` and
+        ``unused_minibatches``."""
+        return {"refresh": "adaptive" if self.enabled else "steps", "max_drift": self.max_drift,
+                "drift_refreshes": len(self.steps),
                 "drift_refresh_steps": list(self.steps), "unused_minibatches": self.unused_minibatches}
 
     def state_dict(self) -> dict[str, Any]:
