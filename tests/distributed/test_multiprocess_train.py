@@ -92,8 +92,12 @@ def test_two_process_fsdp2_matches_ddp(ddp_run, tmp_path):
     assert (out / "checkpoints" / "last.ckpt").is_file()
 
 
+ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("rollout", [[], ["rollout=hf_copy", "rollout.async_generation=true"]], ids=["hf", "async"])
+@pytest.mark.parametrize("rollout", [[], ASYNC, [*ASYNC, "rollout.refresh=adaptive", "rollout.max_drift=1e-4"]],
+                         ids=["hf", "async", "async_adaptive"])
 def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollout):
     # k = 2, checkpoint after step 1: each rank is half-way through ITS OWN buffer (disjoint prompts). The
     # checkpoint must hold every rank's buffer, so the resumed run trains each rank on the same rows as the
@@ -115,6 +119,9 @@ def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollou
         assert [row["uids"] for row in b] == [row["uids"] for row in a[1:]], f"rank {r} trained on other rows"
         wa, wb = _weights(full, r), _weights(resumed, r)
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    if "rollout.refresh=adaptive" in rollout:  # the ranks' averaged drift ended a buffer early, alike on resume
+        sa, sb = (json.loads((d / "summary.json").read_text()) for d in (full, resumed))
+        assert sa["drift_refreshes"] >= 1 and sb["drift_refresh_steps"] == sa["drift_refresh_steps"]
     if not rollout:  # one process cannot take over two ranks' buffers: refused, naming the way out
         single = [o for o in common if o not in ("trainer=ddp", "trainer.devices=2")]
         res = train(tmp_path / "single", *single, f"ckpt_path={full / 'checkpoints' / 'step1.ckpt'}")

@@ -56,8 +56,6 @@ def test_adaptive_resume_is_exact(tmp_path):
 
 @pytest.mark.parametrize("settings,algo,match", [
     (dict(refresh="adaptive"), dict(steps_per_generation=4), "needs rollout.max_drift"),
-    (dict(refresh="adaptive", max_drift=0.1, async_generation=True), dict(steps_per_generation=4),
-     "set rollout.async_generation=false or rollout.refresh=steps"),
     (dict(refresh="adaptive", max_drift=0.1), dict(steps_per_generation=1), "steps_per_generation >= 2"),
     (dict(max_drift=0.1), dict(steps_per_generation=4), "read by rollout.refresh=adaptive only"),
     (dict(refresh="drift"), dict(), "rollout.refresh must be steps or adaptive"),

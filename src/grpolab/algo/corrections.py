@@ -145,9 +145,11 @@ def behaviour_weighted_ppo(inp: PolicyLossInputs, cfg: Any, prox_logp: Tensor, w
 def decoupled_ppo(inp: PolicyLossInputs, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
     """Decoupled PPO: the window around ``pi_prox``, each token weighted by ``pi_prox / alpha``, tokens above
     ``algo.behaviour_weight_cap`` dropped (AReaL's ``behav_imp_weight_cap``; null = no cap). With
-    ``pi_prox = pi_k`` the first-use weight equals the paper's ``pi_k / alpha``, but the window is
-    ``[1 - eps, 1 + eps_high]`` in ``pi / pi_k`` rather than ``eps`` wide in ``pi / alpha``: it binds from the
-    first update whatever the staleness (see the module docstring for the sources).
+    ``pi_prox = pi_k`` the first-use weight equals the paper's ``pi_k / alpha`` and the window is
+    ``[1 - eps, 1 + eps_high]`` in ``pi / pi_k``: at a minibatch's first use ``pi = pi_k`` in value, so the window
+    cannot bind and the update is the paper's; it binds from the second update on (``num_iterations > 1``, as in
+    AReaL, where several minibatch updates follow one proximal policy). ``loglinear`` puts ``pi_prox`` between
+    ``alpha`` and ``pi``, so its window can bind at the first update (see the module docstring for the sources).
 
     Returns:
         ``(per_token [B, T], stats)`` of :func:`behaviour_weighted_ppo`.

@@ -9,6 +9,15 @@ minibatch boundary and the coming step samples a new one from the current policy
 stays the latest refresh. The estimate is free (no extra forward) and one update behind: it is the drift at the
 start of the last step, before that step's update. Theorem 1's bound is in terms of this divergence, so the
 trust region is what the setting controls, rather than k.
+
+Under ``rollout.async_generation`` the same rule runs on the buffer being served (sampled from the weights the
+sampler took one buffer earlier): when its drift passes the bound, that buffer ends, the trainer takes the buffer
+in flight (sampled from newer weights; it waits for it if it is not done), and the sampler takes the current
+weights for the next one at once (:class:`~grpolab.rollout.refresh.AsyncRefresh`). So the sampler takes new
+weights when the drift of the buffer it serves passes the bound, and the lag shrinks to what the bound allows.
+Every decision is taken at a step boundary from the logged drift of the step before, never from timing: the
+buffer in flight is joined, not polled, so a run is bitwise reproducible and resumes exactly (the checkpoint
+holds the counters, the last drift and the buffer in flight).
 """
 
 from __future__ import annotations
@@ -64,8 +73,10 @@ class DriftRefresh:
         return {"rollout/drift": self.last, "rollout/drift_refreshes": float(len(self.steps))} if self.enabled else {}
 
     def summary(self) -> dict[str, Any]:
-        """``refresh``, ``drift_refreshes`` (count), ``drift_refresh_steps`` and ``unused_minibatches``."""
-        return {"refresh": "adaptive" if self.enabled else "steps", "drift_refreshes": len(self.steps),
+        """``refresh``, ``max_drift``, ``drift_refreshes`` (count), ``drift_refresh_steps`` and
+        ``unused_minibatches``."""
+        return {"refresh": "adaptive" if self.enabled else "steps", "max_drift": self.max_drift,
+                "drift_refreshes": len(self.steps),
                 "drift_refresh_steps": list(self.steps), "unused_minibatches": self.unused_minibatches}
 
     def state_dict(self) -> dict[str, Any]:

@@ -167,10 +167,15 @@ class AsyncRefresh(SyncRefresh):
         return minibatches
 
     def before_step(self, step: int, buffer: RolloutBuffer, max_steps: int | None) -> None:
-        """Launch the next buffer once the push delay is reached, then set the trainer's threads for this step."""
+        """Launch the next buffer once the push delay is reached, then set the trainer's threads for this step.
+
+        A next buffer is needed when the current one ends before ``max_steps``: at step ``step + S - position``
+        (S = steps per buffer), or earlier if ``rollout.refresh=adaptive`` ends it; then the buffer launched here
+        is handed over early (:meth:`refill`), and the next launch takes the weights of that step.
+        """
         self._resume_in_flight()
         spb = buffer.steps_per_buffer
-        next_needed = max_steps is None or max_steps < 0 or buffer.rounds * spb < max_steps
+        next_needed = max_steps is None or max_steps < 0 or step + spb - buffer.position < max_steps
         if self._job is None and buffer.position >= self.settings.push_delay(spb) and next_needed:
             self._launch(step, buffer.rounds)
         self._balance_threads(step, buffer.position, spb)

@@ -39,7 +39,9 @@ class RolloutSettings:
             buffer, rounded up (k=10: 5); >= the steps of a buffer keeps the split for the whole buffer.
         refresh: ``"steps"`` (a refresh every ``algo.steps_per_generation`` minibatches) or ``"adaptive"``: also
             refresh early, at a minibatch boundary, once the measured policy/sampler drift passes ``max_drift``
-            (:meth:`~grpolab.rollout.datamodule.RolloutDataModule.next_minibatch`). Synchronous generation only.
+            (:meth:`~grpolab.rollout.datamodule.RolloutDataModule.next_minibatch`). With ``async_generation`` the
+            trainer then takes the buffer in flight and the sampler takes the current weights for the next one
+            (:mod:`grpolab.rollout.adaptive`).
         max_drift: the drift bound of ``refresh=adaptive``, ``> 0``: the token-level total-variation estimate
             ``0.5 * mean_t |pi / alpha - 1|`` over the loss tokens of the last trained minibatch (``train/tv_token``),
             averaged over ranks.
@@ -86,9 +88,6 @@ class RolloutSettings:
             if isinstance(self.max_drift, bool) or not isinstance(self.max_drift, int | float) or not self.max_drift > 0:
                 raise ConfigError(f"rollout.refresh=adaptive needs rollout.max_drift, a number > 0 (e.g. 0.05), got "
                                  f"{self.max_drift!r}")
-            if self.async_generation:
-                raise ConfigError("rollout.refresh=adaptive is synchronous only: set rollout.async_generation=false "
-                                 "or rollout.refresh=steps")
             if algo.steps_per_generation < 2:
                 raise ConfigError("rollout.refresh=adaptive ends a buffer early, so it needs algo.steps_per_generation "
                                  f">= 2 (the latest refresh), got {algo.steps_per_generation}")

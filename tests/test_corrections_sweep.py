@@ -1,0 +1,69 @@
+"""The corrections screen (sweeps/corrections_small.yaml) composes into one factor per arm around the claim
+sweeps' settings, every arm passes the checks a run makes before building a model, and sweeps/sweep_status.py
+lists what a batch left to run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+from omegaconf import OmegaConf
+from test_sweeps_notebook import compose_sweep, grid
+
+from grpolab.config import GRPOConfig
+from grpolab.rollout.settings import resolve_rollout
+
+LOSSES = {"offpolicy_grpo": ("offpolicy_grpo", None), "ppo": ("ppo", None), "decoupled_ppo": ("decoupled_ppo", None),
+          "decoupled_loglinear": ("decoupled_ppo", "loglinear"), "seq_is_mask": ("seq_is_mask", None),
+          "geo_seq_mask": ("geo_seq_mask", None), "token_is_mask": ("token_is_mask", None), "cispo": ("cispo", None)}
+# arm -> (k, clip_mode, proximal_policy, async, refresh, max_drift)
+ARMS = {"onpolicy": (1, "ppo", None, False, "steps", None),
+        **{f"k10_{n}": (10, c, p, False, "steps", None) for n, (c, p) in LOSSES.items()},
+        **{f"async_{n}": (10, c, p, True, "steps", None) for n, (c, p) in LOSSES.items()},
+        "adaptive_d03": (10, "offpolicy_grpo", None, False, "adaptive", 0.03),
+        "adaptive_d06": (10, "offpolicy_grpo", None, False, "adaptive", 0.06),
+        "adaptive_async_d03": (10, "offpolicy_grpo", None, True, "adaptive", 0.03),
+        "adaptive_async_d06": (10, "offpolicy_grpo", None, True, "adaptive", 0.06)}
+
+
+def test_the_screen_is_every_arm_at_claim_small_settings():
+    cfg = compose_sweep("corrections_small", [])
+    assert grid(cfg) == {"correction_arm": list(ARMS), "seed": ["0", "1", "2"]}
+    claim = compose_sweep("claim_small", [])
+    assert cfg.trainer.max_steps == claim.trainer.max_steps == 400
+    assert cfg.trainer.val_check_interval == claim.trainer.val_check_interval
+    assert cfg.final_eval == claim.final_eval and cfg.final_eval.num_samples == 16 and cfg.data.test_size == 1024
+    assert cfg.model.seed == 0 and cfg.data.seed == 0 and cfg.callbacks.threads.num_threads == 1
+    assert OmegaConf.to_container(cfg.algo) == OmegaConf.to_container(claim.algo)  # onpolicy is claim's k1
+
+
+@pytest.mark.parametrize("task", [[], ["data=multistep"]])
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_each_arm_changes_one_factor_and_passes_the_checks(arm, task):
+    cfg = compose_sweep("corrections_small", [f"correction_arm={arm}", "seed=2", *task])
+    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # the loss variant's own checks
+    _, _, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
+    got = (algo.steps_per_generation, algo.clip_mode, algo.proximal_policy, settings.async_generation,
+           settings.refresh, settings.max_drift)
+    assert got == ARMS[arm]
+    assert algo.num_iterations == 1 and algo.mask_zero_std_groups == (arm != "onpolicy") and cfg.seed == 2
+    assert algo.learning_rate == 1e-4 and algo.epsilon == 0.2
+    if task:
+        assert cfg.data._target_.endswith("MultiStepArithmeticTask") and cfg.data.test_size == 1024
+
+
+def test_sweep_status_lists_what_is_left(tmp_path):
+    for batch, arm, seed, summary in [("a", "onpolicy", 0, {"steps": 400}), ("a", "k10_ppo", 0, {"interrupted": True}),
+                                      ("b", "k10_ppo", 1, None)]:
+        job = tmp_path / batch / f"0_{arm}_{seed}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- correction_arm={arm}\n- seed={seed}\n")
+        if summary is not None:
+            (job / "summary.json").write_text(json.dumps(summary))
+    out = subprocess.run([sys.executable, "sweeps/sweep_status.py", str(tmp_path), "correction_arm=onpolicy,k10_ppo",
+                          "seed=0,1"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    assert "correction_arm=onpolicy seed=0 done" in out and "correction_arm=k10_ppo seed=0 interrupted" in out
+    assert "correction_arm=k10_ppo seed=1 running or failed" in out and "1 done; to run the rest:" in out
+    assert {line.strip() for line in out.splitlines()[-2:]} == {"correction_arm=k10_ppo seed=0",
+                                                                "correction_arm=onpolicy,k10_ppo seed=1"}
