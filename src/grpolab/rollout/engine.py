@@ -113,6 +113,12 @@ class GenerationEngine(ABC):
         """Raise ``ImportError`` naming the install command when a dependency is missing (called before any model
         is built). Default: nothing is missing."""
 
+    @classmethod  # noqa: B027 - an optional capability, empty by default
+    def check_config(cls, args: dict[str, Any]) -> None:
+        """Refuse engine arguments that cannot work (``args``: the composed ``rollout`` node without the schedule
+        keys), raising :class:`~grpolab.errors.ConfigError` naming ``rollout.<key>``. Called before any model is
+        built. Default: nothing to check (the constructor still validates its arguments)."""
+
     @classmethod
     def async_engine(cls) -> type[GenerationEngine]:
         """The engine class to use with ``rollout.async_generation=true``, built with the same arguments.
