@@ -119,7 +119,8 @@ class ServerProcess:
         log_path: its stdout and stderr.
         env: extra environment variables (device pinning, vLLM settings).
         cpu_cores: on CPU, the cores the server may use (``os.sched_setaffinity`` on the child); None = all.
-        python: the interpreter that runs it (default: this one, whose environment has vLLM).
+        launcher: the command before the arguments; None = ``[sys.executable, "-m",
+            "vllm.entrypoints.openai.api_server"]`` (this interpreter, whose environment has vLLM).
 
     Raises:
         ServerError: the port is in use (named), or the server did not answer ``/health`` within
@@ -127,15 +128,15 @@ class ServerProcess:
     """
 
     def __init__(self, args: list[str], host: str, port: int, log_path: Path, env: dict[str, str] | None = None,
-                 cpu_cores: list[int] | None = None, python: str | None = None) -> None:
+                 cpu_cores: list[int] | None = None, launcher: list[str] | None = None) -> None:
         self.url = f"http://{host}:{port}"
         if port_in_use(host, port):
             raise ServerError(f"rollout.server.port={port}: port {port} on {host} is already in use by another "
                               f"process; pick another port or null (a free one)")
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                    "--host", host, "--port", str(port), *args]
+        launcher = launcher or [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        self.cmd = [*launcher, "--host", host, "--port", str(port), *args]
         full_env = {**os.environ, **(env or {})}
         self._log = self.log_path.open("ab")
         preexec = None

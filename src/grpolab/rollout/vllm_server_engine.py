@@ -115,6 +115,10 @@ class VLLMServerEngine(GenerationEngine):
                  recompute_sampler_logp: bool = False, sync_check_tolerance: float | None = None) -> None:
         if not stop_token_ids:
             raise ConfigError("rollout: at least one stop token id is needed")
+        if server is not None and not isinstance(server, dict):  # Hydra hands over a DictConfig
+            from omegaconf import OmegaConf
+
+            server = OmegaConf.to_container(server, resolve=True)
         self.knobs = dict(dtype=dtype, max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                           max_num_seqs=max_num_seqs, tensor_parallel_size=tensor_parallel_size)
@@ -236,7 +240,8 @@ class VLLMServerEngine(GenerationEngine):
             return full_policy_state(model)  # a collective under FSDP: every rank calls it
         return None
 
-    def _push(self, model: Any, state: dict[str, torch.Tensor] | None, label: str, version: int | None) -> None:
+    def _push(self, model: Any, state: dict[str, torch.Tensor] | None, label: str, version: int | None,
+              check: bool = True) -> None:
         rank, world = _rank_world()
         self._version = version
         if world > 1:  # every rank has finished sampling with the old weights before they change
@@ -259,7 +264,7 @@ class VLLMServerEngine(GenerationEngine):
             _barrier(self.settings.push_timeout_s)
         self._label = label
         self.weight_pushes += 1
-        if rank == 0 and self._checks_left > 0 and model is not None:
+        if rank == 0 and self._checks_left > 0 and check:
             self._checks_left -= 1
             check_push(self, model, sample=self._probe, what=f"the vLLM server at {self.client.url}")
 
@@ -286,10 +291,10 @@ class VLLMServerEngine(GenerationEngine):
 
     def load_sampler_state_dict(self, state: dict[str, torch.Tensor], like: Any) -> None:
         """Push saved sampler weights (a resumed run's buffer in flight is regenerated from them); ``like`` (the
-        policy) is only used to start the server when none runs yet."""
+        policy) is only used to start the server when none runs yet. The probe is left to the next push: the
+        saved weights are not the policy's."""
         with self._lock:
-            self._push(like, state, f"restored-push{self.weight_pushes + 1}", self._version)
-            self._checks_left = 0
+            self._push(like, state, f"restored-push{self.weight_pushes + 1}", self._version, check=False)
 
     def validation_engine(self) -> GenerationEngine:
         """An in-place engine: held-out accuracy is measured on the live policy, not on the last push."""
