@@ -86,8 +86,9 @@ class ServerClient:
                               f"{self.describe()}") from err
         except (urllib.error.URLError, OSError, TimeoutError) as err:
             reason = getattr(err, "reason", err)
-            raise ServerError(f"the vLLM server at {self.url} did not answer {path} within {timeout_s:g} s "
-                              f"({reason}){self.describe()}") from err
+            what = (f"did not answer {path} within {timeout_s:g} s" if isinstance(reason, TimeoutError | socket.timeout)
+                    else f"dropped {path} ({reason})")
+            raise ServerError(f"the vLLM server at {self.url} {what}{self.describe()}") from err
         return json.loads(raw) if raw.strip() else None
 
     def healthy(self, timeout_s: float = 2.0) -> bool:
