@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ class FilePush:
     """
 
     name = "file"
+    last_timing: dict[str, float] = {}  # the last push's seconds: writing the file, and the server's reload
 
     def __init__(self, client: ServerClient, folder: str | None = None) -> None:
         self.client = client
@@ -89,14 +91,17 @@ class FilePush:
             key = t.untyped_storage().data_ptr()
             tensors[name] = t.contiguous().clone() if key in seen or not t.is_contiguous() else t
             seen.setdefault(key, name)
+        t0 = time.perf_counter()
         tmp = self.folder / (WEIGHTS_FILE + ".tmp")
         save_file(tensors, str(tmp))
         tmp.replace(self.folder / WEIGHTS_FILE)  # the server never sees a half-written file
+        t1 = time.perf_counter()
         _begin(self.client, timeout_s)
         self.client.call("/collective_rpc", {"method": "reload_weights", "timeout": timeout_s,
                                              "kwargs": {"weights_path": str(self.folder), "is_checkpoint_format": True}},
                          timeout_s + 5)
         _end(self.client, label, timeout_s)
+        self.last_timing = {"write_s": t1 - t0, "reload_s": time.perf_counter() - t1}
         return state_bytes(tensors)
 
     def close(self) -> None:
