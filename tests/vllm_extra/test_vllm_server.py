@@ -16,21 +16,19 @@ import time
 import pandas as pd
 import pytest
 import torch
-from conftest import FAST_OVERRIDES, TINY_ARCH, compose_train_cfg
+from conftest import FAST_OVERRIDES, compose_train_cfg
 
 pytest.importorskip("vllm")
 
+# the tiny architecture vLLM's CPU kernels accept, the prompts and the trainer's log-probs of test_vllm_engine.py
+from test_vllm_engine import KV_BYTES, VLLM_ARCH, _prompts, _trainer_logp  # noqa: E402
+
 from grpolab.models import TinyCharModel  # noqa: E402
 from grpolab.rollout.engine import SamplingParams  # noqa: E402
-from grpolab.rollout.forward import batched_log_probs  # noqa: E402
 from grpolab.rollout.vllm_server import ServerError  # noqa: E402
 from grpolab.rollout.vllm_server_engine import VLLMServerEngine  # noqa: E402
 from grpolab.run import build, run_training, summarize  # noqa: E402
 
-# vLLM's CPU attention kernels reject a head size of 16 (TINY_ARCH's 32 / 2 heads): one head of 32.
-VLLM_ARCH = {**TINY_ARCH, "num_attention_heads": 1, "num_key_value_heads": 1}
-KV_BYTES = 64 << 20
-SERVER = {"kv_cache_memory_bytes": KV_BYTES}
 ARCH_OVERRIDES = ["model.num_attention_heads=1", "model.num_key_value_heads=1",
                   f"rollout.kv_cache_memory_bytes={KV_BYTES}", "rollout=vllm_server"]
 
@@ -51,15 +49,6 @@ def served(spec, tmp_path_factory):
     engine.sync_weights(policy, 0)
     yield engine, policy, tok
     engine.close()
-
-
-def _prompts(tok):
-    return [tok("12+34=")["input_ids"]] * 4 + [tok("7*8=")["input_ids"]] * 4
-
-
-def _trainer_logp(policy, gen, temperature):
-    batch = {k: getattr(gen, k) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-    return batched_log_probs(policy, batch, temperature, None)
 
 
 def test_lag0_logp_parity_after_a_push_and_the_version_guard(served):
