@@ -76,7 +76,8 @@ def push_part(out: Path, pushes: int, sizes: list[str]) -> dict:
             eos, pad = arch["eos_token_id"], arch["eos_token_id"]
         model.eval()
         params = sum(p.numel() for p in model.parameters())
-        engine = VLLMServerEngine([eos], pad, max_model_len=128, kv_cache_memory_bytes=256 << 20,
+        max_len = min(128, model.config.max_position_embeddings)
+        engine = VLLMServerEngine([eos], pad, max_model_len=max_len, kv_cache_memory_bytes=256 << 20,
                                   server={"devices": [0], "workdir": str(out / f"server_{name}"),
                                           "startup_timeout_s": 1200, "push_timeout_s": 1200})
         try:

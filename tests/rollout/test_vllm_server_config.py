@@ -85,3 +85,20 @@ def test_a_server_that_exits_at_start_is_reported_with_its_status(tmp_path):
     with pytest.raises(ServerError, match=r"(?s)exited while starting \(.*status 3\).*no such model"):
         proc.wait_ready(30)
     assert _group_gone(proc)
+
+
+def test_a_given_url_that_never_answers_is_named_within_the_startup_timeout(tmp_path):
+    from grpolab.models import TinyCharModel
+    from grpolab.rollout.vllm_server_engine import VLLMServerEngine
+
+    port = free_port("127.0.0.1")  # nothing listens there
+    spec = TinyCharModel(warmstart=None, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
+                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64)
+    engine = VLLMServerEngine([1], 0, server={"url": f"http://127.0.0.1:{port}", "startup_timeout_s": 2})
+    policy = spec.load_policy(None)
+    start = time.monotonic()
+    with pytest.raises(ServerError, match=rf"127\.0\.0\.1:{port} did not answer /health within "
+                                          r"rollout\.server\.startup_timeout_s=2 s"):
+        engine.sync_weights(policy, 0)
+    assert time.monotonic() - start < 10
+    engine.close()

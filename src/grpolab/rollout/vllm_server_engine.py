@@ -162,7 +162,10 @@ class VLLMServerEngine(GenerationEngine):
             url = box[0]
         self.client = ServerClient(url, self._describe)
         deadline = time.monotonic() + s.startup_timeout_s
-        while not self.client.healthy() and time.monotonic() < deadline:
+        while not self.client.healthy():
+            if time.monotonic() > deadline:
+                raise ServerError(f"the vLLM server at {url} did not answer /health within "
+                                  f"rollout.server.startup_timeout_s={s.startup_timeout_s:g} s{self._describe()}")
             time.sleep(0.5)
         models = self.client.call("/v1/models", None, s.request_timeout_s)["data"]
         self._model_name = models[0]["id"]
