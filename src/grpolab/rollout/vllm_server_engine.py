@@ -219,7 +219,7 @@ class VLLMServerEngine(GenerationEngine):
         """The error that stops the run; a server this run started is stopped first (no process left behind)."""
         tail = self._describe()
         if self.process is not None:
-            self.process.stop()
+            self.process.stop(timeout_s=5.0)  # the run stops anyway: SIGKILL what is left after 5 s
         return ServerError(f"rollout=vllm_server, step {self._version}: {what}: {err}"
                            + ("" if tail and tail in str(err) else tail))
 
