@@ -87,6 +87,8 @@ class GenerationEngine(ABC):
             :meth:`sampler_module`), so a trainer forward on them can recompute log alpha. False for an inference
             engine: with ``rollout.async_generation`` its own log-probs must then be log alpha.
         supports_sharded_policy: the engine can take its weights from an FSDP-sharded policy (``trainer=fsdp``).
+        sampler_outside_trainer: the sampler runs in another process on its own devices (a server): the
+            training process's memory plan holds none of its memory.
 
     Instance attribute:
         recompute_sampler_logp: log alpha comes from a trainer forward in the training pass's micro-batch shapes
@@ -97,6 +99,7 @@ class GenerationEngine(ABC):
     reports_sampler_logp: ClassVar[bool] = False
     samples_from_module: ClassVar[bool] = True
     supports_sharded_policy: ClassVar[bool] = True
+    sampler_outside_trainer: ClassVar[bool] = False
     recompute_sampler_logp: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

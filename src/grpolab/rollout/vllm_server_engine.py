@@ -92,6 +92,7 @@ class VLLMServerEngine(GenerationEngine):
     owns_weights = True
     reports_sampler_logp = True
     samples_from_module = False  # no trainer-side module holds the sampler's weights
+    sampler_outside_trainer = True  # the server's memory is on its own devices
 
     @classmethod
     def check_config(cls, args: dict[str, Any]) -> None:
