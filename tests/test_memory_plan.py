@@ -139,3 +139,16 @@ def test_plan_against_the_readme_measurements(tmp_path, shared_data, case):
     plan, _, _ = make_plan(cfg, algo, validate_lora(cfg.model.lora))
     ratio = plan.peak_bytes / (README_PEAK_MIB[case] * MIB)
     assert 0.9 < ratio < 1.1, (case, ratio, plan.terms)
+
+
+def test_a_sampler_server_is_not_planned_in_the_training_process(tmp_path):
+    # rollout=vllm_server: the server's weights and KV cache live on its own devices; only the last push kept
+    # for checkpoints (async) is the trainer's
+    for extra, kept in (([], False), (["rollout.async_generation=true"], True)):
+        cfg = compose_train_cfg(tmp_path, ["rollout=vllm_server", "algo=grpo_offpolicy",
+                                           "rollout.server.url=http://10.0.0.2:8000", *extra])
+        algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
+        plan, _, _ = make_plan(cfg, algo, validate_lora(cfg.model.get("lora"), algo.ref_refresh_every))
+        weights = plan.num_params * 4  # float32 tiny model
+        assert plan.terms["sampler"] == (weights if kept else 0)
+        assert any("sampler server" in n for n in plan.notes)

@@ -224,7 +224,8 @@ class PlanInputs:
             are then also cast to 16 bits once per step). adapter_bytes: bytes per LoRA parameter (PEFT keeps
             adapters in float32 unless the precision converts the whole model).
         lora_r, lora_target_modules: ``model.lora``. beta: ``algo.beta``. fused_optimizer: AdamW ``fused``.
-        sampler: ``in_place`` | ``copy`` | ``vllm``. async_generation: generation overlaps training.
+        sampler: ``in_place`` | ``copy`` | ``vllm`` | ``server`` (its own devices: only the kept copy of the
+            last push counts, with async generation). async_generation: generation overlaps training.
         vllm_bytes: vLLM's share when known (GPU: utilization x device memory), else None (planned as a
             weight copy plus ``vllm_kv_bytes``). vllm_kv_bytes: vLLM's KV-cache space.
         completions_per_step, micro_batch_size, num_generations, prompt_length, completion_length: ``algo``.
@@ -330,6 +331,9 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         terms["sampler"] = x.vllm_bytes if x.vllm_bytes is not None else params * x.param_bytes + x.vllm_kv_bytes
         if x.async_generation and x.vllm_bytes is None:  # the last pushed weights, kept for checkpoints
             terms["sampler"] += params * x.param_bytes
+    elif x.sampler == "server":
+        terms["sampler"] = params * x.param_bytes if x.async_generation else 0  # the kept last push (checkpoints)
+        notes.append("the sampler server's own memory is on its own devices: not planned here")
     rows = min(x.micro_batch_size or x.completions_per_step, x.completions_per_step)
     prompts = None
     if x.shared_prompt_forward and x.num_generations > 1:

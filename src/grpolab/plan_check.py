@@ -194,13 +194,16 @@ def available_memory(trainer: Any, processes: int = 1) -> tuple[int | None, str]
 
 
 def _sampler_kind(rollout: Any) -> str:
-    """``vllm`` (an inference engine holding its own weights outside torch), ``copy`` (a torch copy of the policy)
-    or ``in_place``, from the engine's declared capabilities (after the async switch)."""
+    """``server`` (a sampler in another process, on its own devices), ``vllm`` (an inference engine holding its own
+    weights outside torch), ``copy`` (a torch copy of the policy) or ``in_place``, from the engine's declared
+    capabilities (after the async switch)."""
     from hydra.utils import get_class
 
     engine = get_class(str(rollout.get("_target_")))
     if rollout.get("async_generation") is True:
         engine = engine.async_engine()
+    if engine.sampler_outside_trainer:
+        return "server"
     if not engine.samples_from_module:
         return "vllm"
     return "copy" if engine.owns_weights else "in_place"
@@ -240,8 +243,8 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
         context = OmegaConf.select(model, "architecture.max_position_embeddings") or model.get("max_position_embeddings")
         prompt = min(assumed_prompt, max(int(context) - algo.max_completion_length, 1)) if context else assumed_prompt
         notes.append(f"prompt length assumed {prompt} tokens (algo.max_prompt_length is null; plan.prompt_length)")
-    cap = rollout.get("generation_batch_size") if sampler != "vllm" else None
-    train_rows = 0 if sampler == "vllm" else algo.per_device_train_batch_size * algo.steps_per_generation
+    cap = rollout.get("generation_batch_size") if sampler not in ("vllm", "server") else None
+    train_rows = 0 if sampler in ("vllm", "server") else algo.per_device_train_batch_size * algo.steps_per_generation
     val_prompts = int(OmegaConf.select(cfg, "val.batch_size", default=0) or 0)
     if isinstance(OmegaConf.select(cfg, "data.val_size"), int):  # fewer held-out prompts than a batch
         val_prompts = min(val_prompts, int(cfg.data.val_size))

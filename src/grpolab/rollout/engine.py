@@ -87,6 +87,8 @@ class GenerationEngine(ABC):
             :meth:`sampler_module`), so a trainer forward on them can recompute log alpha. False for an inference
             engine: with ``rollout.async_generation`` its own log-probs must then be log alpha.
         supports_sharded_policy: the engine can take its weights from an FSDP-sharded policy (``trainer=fsdp``).
+        sampler_outside_trainer: the sampler runs in another process on its own devices (a server): the
+            training process's memory plan holds none of its memory.
 
     Instance attribute:
         recompute_sampler_logp: log alpha comes from a trainer forward in the training pass's micro-batch shapes
@@ -97,6 +99,7 @@ class GenerationEngine(ABC):
     reports_sampler_logp: ClassVar[bool] = False
     samples_from_module: ClassVar[bool] = True
     supports_sharded_policy: ClassVar[bool] = True
+    sampler_outside_trainer: ClassVar[bool] = False
     recompute_sampler_logp: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -112,6 +115,12 @@ class GenerationEngine(ABC):
     def check_installed(cls) -> None:
         """Raise ``ImportError`` naming the install command when a dependency is missing (called before any model
         is built). Default: nothing is missing."""
+
+    @classmethod  # noqa: B027 - an optional capability, empty by default
+    def check_config(cls, args: dict[str, Any]) -> None:
+        """Refuse engine arguments that cannot work (``args``: the composed ``rollout`` node without the schedule
+        keys), raising :class:`~grpolab.errors.ConfigError` naming ``rollout.<key>``. Called before any model is
+        built. Default: nothing to check (the constructor still validates its arguments)."""
 
     @classmethod
     def async_engine(cls) -> type[GenerationEngine]:

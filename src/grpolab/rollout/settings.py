@@ -154,5 +154,6 @@ def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig) -> tuple[type[Gen
         raise ConfigError(f"rollout.async_generation=true with {engine_cls.__name__} takes log alpha from the engine, "
                           "which holds the sampler's weights outside the trainer: set rollout.recompute_sampler_logp="
                           "false and algo.vllm_importance_sampling_correction=false, or rollout.async_generation=false")
+    engine_cls.check_config(engine_args)
     engine_cls.check_installed()
     return engine_cls, engine_args, settings

@@ -1,20 +1,27 @@
-"""The start-up check of the in-process vLLM engine: after the first push, the engine's log-probs must match the
+"""The start-up check of the vLLM engines (in process, or a server): after the first push, the engine's log-probs must match the
 trainer's on a probe, so a sampler whose weights did not arrive (or arrived in another dtype) cannot pass."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 
-def check_push(engine: Any, model: Any) -> dict[str, float]:
+def check_push(engine: Any, model: Any, sample: Callable[..., list[tuple[list[int], list[float]]]] | None = None,
+               what: str | None = None) -> dict[str, float]:
     """Compare the engine's log-probs with the trainer's on a probe after the first push.
 
     Args:
-        engine: the :class:`~grpolab.rollout.vllm_engine.VLLMGenerationEngine` (its ``llm``, ``vllm`` module,
-            ``_max_len`` and ``sync_check_tolerance``; None = 1e-3 for float32 weights, 0.05 for 16-bit ones).
+        engine: the engine whose weights were pushed (its ``sync_check_tolerance``,
+            None = 1e-3 for float32 weights, 0.05 for 16-bit ones; without ``sample``, its ``llm``, ``vllm``
+            module and ``_max_len``). The result is stored on ``engine.sync_check``, also when the check fails.
         model: the policy whose weights were pushed.
+        sample: ``sample(prompts, temperature, max_tokens)`` -> one ``(token_ids, log_probs)`` per prompt, the
+            engine's processed log-probs of its sampled tokens (a server engine's requests); None = the in-process
+            ``engine.llm.generate``.
+        what: the engine named in the error (default: the in-process vLLM and its version).
 
     Returns:
         ``mean_abs_logp_difference``, ``max_abs_logp_difference`` and the ``tolerance`` applied.
@@ -30,18 +37,17 @@ def check_push(engine: Any, model: Any) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(vocab, (n,), generator=g).tolist() for n in (5, 3)]
     temperature, new = 0.7, max(1, min(8, engine._max_len - 5))
-    sp = engine.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_tokens=new,
-                                    ignore_eos=True, seed=0, logprobs=0, detokenize=False)
-    outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], [sp] * len(prompts), use_tqdm=False)
+    if sample is None:
+        sample, what = _in_process_sample(engine), what or f"rollout=vllm's vLLM {engine.vllm.__version__}"
+    samples = sample(prompts, temperature, new)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     diffs = []
     try:
         with torch.no_grad():
-            for p, out in zip(prompts, outs):
-                ids = list(out.outputs[0].token_ids)
-                engine_logp = torch.tensor([d[t].logprob for d, t in zip(out.outputs[0].logprobs, ids)])
+            for p, (ids, logp) in zip(prompts, samples):
+                engine_logp = torch.tensor(logp, dtype=torch.float32)
                 ones_p, ones_c = torch.ones(1, len(p), dtype=torch.long), torch.ones(1, len(ids), dtype=torch.long)
                 trainer, _ = completion_log_probs(model, torch.tensor([p], device=device), ones_p.to(device),
                                                   torch.tensor([ids], device=device), ones_c.to(device), temperature)
@@ -57,12 +63,23 @@ def check_push(engine: Any, model: Any) -> dict[str, float]:
     engine.sync_check = result  # kept on the engine also when the check fails
     if not float(diff.mean()) <= tol:
         raise RuntimeError(
-            f"rollout=vllm: after pushing the policy's weights into vLLM {engine.vllm.__version__}, the engine's "
+            f"after pushing the policy's weights into {what}, the engine's "
             f"log-probs differ from the trainer's by {float(diff.mean()):.3g} nats per token on average "
             f"(> rollout.sync_check_tolerance={tol}): the sampler would be stale or wrong. Either this vLLM's "
             f"in-memory weight reload differs from the tested {', '.join(TESTED_VLLM_VERSIONS)}, or "
             f"rollout.dtype differs from the policy's dtype.")
     return result
+
+
+def _in_process_sample(engine: Any) -> Callable[..., list[tuple[list[int], list[float]]]]:
+    """The probe's sampler for the in-process engine: ``engine.llm.generate`` with processed log-probs."""
+    def sample(prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        sp = engine.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                                        ignore_eos=True, seed=0, logprobs=0, detokenize=False)
+        outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], [sp] * len(prompts), use_tqdm=False)
+        return [(list(o.outputs[0].token_ids),
+                 [d[t].logprob for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]) for o in outs]
+    return sample
 
 
 def _numpy_rng_state() -> Any:

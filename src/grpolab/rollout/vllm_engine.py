@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from grpolab.algo.masks import completion_mask
 from grpolab.lora import full_policy_state
-from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.completions import to_generation
+from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.hf_engine import HFGenerationEngine
 from grpolab.rollout.vllm_check import _numpy_rng_state, _set_numpy_rng_state, check_push
 
@@ -350,22 +350,6 @@ class VLLMGenerationEngine(GenerationEngine):
 
     def _to_generation(self, prompts: list[list[int]], outs: list[Any], with_logp: bool) -> Generation:
         completions = [list(o.outputs[0].token_ids) for o in outs]
-        width = max(max((len(c) for c in completions), default=0), 1)
-        ids = torch.full((len(outs), width), self.pad_token_id, dtype=torch.long)
-        logp = torch.zeros((len(outs), width), dtype=torch.float32)
-        for i, (comp, out) in enumerate(zip(completions, outs)):
-            if comp:
-                ids[i, :len(comp)] = torch.tensor(comp, dtype=torch.long)
-                if with_logp:
-                    logp[i, :len(comp)] = torch.tensor([d[t].logprob for d, t in zip(out.outputs[0].logprobs, comp)])
-        # Mask per row on the unpadded tokens: the pad id may itself be a stop id (docs/pitfalls.md #5).
-        mask = torch.zeros((len(outs), width), dtype=torch.bool)
-        truncated = torch.zeros(len(outs), dtype=torch.bool)
-        for i, comp in enumerate(completions):
-            cm = completion_mask(torch.tensor([comp or [self.pad_token_id]], dtype=torch.long), self.stop_token_ids)
-            n = len(comp)
-            mask[i, :n] = cm.mask[0, :n].bool()
-            truncated[i] = bool(cm.truncated[0]) if comp else True
-        prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)
-        return Generation(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
-                          truncated=truncated, sampler_logp=(logp * mask) if with_logp else None)
+        logps = [[d[t].logprob for d, t in zip(o.outputs[0].logprobs, c)] for o, c in zip(outs, completions)] \
+            if with_logp else None
+        return to_generation(prompts, completions, logps, self.stop_token_ids, self.pad_token_id)

