@@ -16,7 +16,13 @@ from omegaconf import OmegaConf
 from grpolab.config import GRPOConfig
 from grpolab.lora import validate_lora
 from grpolab.memory_plan import GIB
-from grpolab.plan_check import available_memory, check_memory_plan, make_plan, refusal_message, wants_plan_only
+from grpolab.plan_check import (
+    available_memory,
+    check_memory_plan,
+    make_plan,
+    refusal_message,
+    wants_plan_only,
+)
 from grpolab.run import build
 
 SHRINK = ["model.architecture.hidden_size=64", "model.architecture.intermediate_size=128",
