@@ -9,7 +9,7 @@ import os
 
 import pandas as pd
 import pytest
-from test_multiprocess_train import COMMON, train
+from ddp_helpers import COMMON, train
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
 

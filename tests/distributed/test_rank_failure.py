@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from test_multiprocess_train import train
+from ddp_helpers import train
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
 

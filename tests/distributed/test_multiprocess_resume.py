@@ -1,0 +1,49 @@
+"""2-process resume inside an off-policy buffer (gloo), launched as a user does: each rank resumes its own buffer."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from ddp_helpers import COMMON, _weights, train
+
+pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
+
+
+ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rollout", [[], ASYNC, [*ASYNC, "rollout.refresh=adaptive", "rollout.max_drift=1e-4"]],
+                         ids=["hf", "async", "async_adaptive"])
+def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollout):
+    # k = 2, checkpoint after step 1: each rank is half-way through ITS OWN buffer (disjoint prompts). The
+    # checkpoint must hold every rank's buffer, so the resumed run trains each rank on the same rows as the
+    # uninterrupted one and ends with the same weights (rank 0's buffer on both ranks would duplicate groups).
+    steps = 4
+    common = ["trainer=ddp", *[o for o in COMMON if not o.startswith("trainer.max_steps")], f"trainer.max_steps={steps}",
+              "algo=grpo_offpolicy", "algo.steps_per_generation=2", "trainer.val_check_interval=100",
+              "val.at_start=false", "callbacks.model_checkpoint.every_n_train_steps=1",
+              "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
+              "callbacks.model_checkpoint.filename='step{step}'", "save_policy=false", *rollout]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    res = train(full, *common)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = train(resumed, *common, f"ckpt_path={full / 'checkpoints' / 'step1.ckpt'}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in (0, 1):
+        a = [json.loads(x) for x in (full / "audit" / f"rank{r}.jsonl").read_text().splitlines()]
+        b = [json.loads(x) for x in (resumed / "audit" / f"rank{r}.jsonl").read_text().splitlines()]
+        assert [row["uids"] for row in b] == [row["uids"] for row in a[1:]], f"rank {r} trained on other rows"
+        wa, wb = _weights(full, r), _weights(resumed, r)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    if "rollout.refresh=adaptive" in rollout:  # the ranks' averaged drift ended a buffer early, alike on resume
+        sa, sb = (json.loads((d / "summary.json").read_text()) for d in (full, resumed))
+        assert sa["drift_refreshes"] >= 1 and sb["drift_refresh_steps"] == sa["drift_refresh_steps"]
+    if not rollout:  # one process cannot take over two ranks' buffers: refused, naming the way out
+        single = [o for o in common if o not in ("trainer=ddp", "trainer.devices=2")]
+        res = train(tmp_path / "single", *single, f"ckpt_path={full / 'checkpoints' / 'step1.ckpt'}")
+        assert res.returncode != 0
+        assert "rank buffers in the checkpoint: 2, processes now: 1" in res.stderr and "resume_drop_buffer" in res.stderr
