@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import socket
@@ -28,6 +29,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 20
 
@@ -150,6 +153,8 @@ class ServerProcess:
                                      start_new_session=True, preexec_fn=preexec)
         self.client = ServerClient(self.url, self.describe)
         atexit.register(self.stop)
+        cores = f" on CPU cores {cpu_cores}" if cpu_cores is not None else ""
+        log.info("starting a vLLM server at %s%s (pid %d); its log: %s", self.url, cores, self.proc.pid, self.log_path)
 
     def alive(self) -> bool:
         """True while the server's main process runs."""
