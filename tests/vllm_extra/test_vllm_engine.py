@@ -53,6 +53,43 @@ def _trainer_logp(policy, gen, temperature):
     return batched_log_probs(policy, batch, temperature, None)
 
 
+@torch.no_grad()
+def perturb_policy(policy):
+    """A new policy in place: the tied embedding / lm_head scaled by 4, the last norm shifted by 0.5."""
+    policy.model.embed_tokens.weight.mul_(4.0)
+    policy.model.norm.weight.add_(0.5)
+
+
+def assert_resume_at_step4_is_exact(tmp_path, common):
+    """Train ``common`` uninterrupted, resume it from ``step4.ckpt`` (a buffer in flight, sampled by the weights of
+    step 3), and assert the same completions, weight pushes, final weights, and lag/reward/loss at steps 4 on."""
+    from transformers import AutoModelForCausalLM
+
+    from grpolab.run import run_training
+
+    full_summary = run_training(compose_train_cfg(tmp_path / "full", common))
+    ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
+    assert torch.load(ckpt, weights_only=False)["RolloutDataModule"]["in_flight"]["policy_version"] == 3
+    summary = run_training(compose_train_cfg(tmp_path / "resumed", [*common, f"ckpt_path={ckpt}"]))
+    assert (summary["completions"], summary["weight_syncs"]) == (full_summary["completions"],
+                                                                 full_summary["weight_syncs"])
+    wa, wb = (AutoModelForCausalLM.from_pretrained(tmp_path / p / "policy").state_dict() for p in ("full", "resumed"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    full, resumed = (pd.read_csv(tmp_path / p / "metrics.csv").dropna(subset=["train/loss"]).reset_index(drop=True)
+                     for p in ("full", "resumed"))
+    cols = ["train/lag", "train/reward", "train/loss"]
+    pd.testing.assert_frame_equal(full[cols].iloc[4:].reset_index(drop=True), resumed[cols])
+
+
+def assert_lag0_parity(policy, gen, temperature, tol, who):
+    """The engine's log-probs of a sampled batch equal the trainer's (max abs difference below ``tol``) on the
+    completion tokens, are 0 outside them and negative on them."""
+    mask = gen.completion_mask
+    diff = ((_trainer_logp(policy, gen, temperature) - gen.sampler_logp).abs() * mask).max()
+    assert diff < tol, f"{who} vs trainer log-probs differ by {diff} after a push"
+    assert (gen.sampler_logp[~mask] == 0).all() and (gen.sampler_logp[mask] < 0).all()
+
+
 def test_start_up_check_passed_and_threads_and_rng_are_left_alone(engine_and_policy):
     engine, _, _ = engine_and_policy
     assert engine.weight_pushes == 1
@@ -66,9 +103,7 @@ def test_engine_logp_equal_trainer_logp_after_a_push_and_the_push_changes_sample
     params = SamplingParams(temperature=0.7, max_new_tokens=12)
     torch.manual_seed(0)
     before = engine.generate(policy, _prompts(tok), params)
-    with torch.no_grad():  # a new policy: the tied embedding / lm_head scaled, the last norm shifted
-        policy.model.embed_tokens.weight.mul_(4.0)
-        policy.model.norm.weight.add_(0.5)
+    perturb_policy(policy)
     torch.manual_seed(0)
     stale = engine.generate(policy, _prompts(tok), params)
     assert torch.equal(stale.completion_ids, before.completion_ids)  # no push yet: same weights, same seeds
@@ -80,10 +115,7 @@ def test_engine_logp_equal_trainer_logp_after_a_push_and_the_push_changes_sample
     torch.manual_seed(0)
     after = engine.generate(policy, _prompts(tok), params)
     assert not torch.equal(after.completion_ids, before.completion_ids)
-    mask = after.completion_mask
-    diff = ((_trainer_logp(policy, after, 0.7) - after.sampler_logp).abs() * mask).max()
-    assert diff < 1e-3, f"engine vs trainer log-probs differ by {diff} after a push"
-    assert (after.sampler_logp[~mask] == 0).all() and (after.sampler_logp[mask] < 0).all()
+    assert_lag0_parity(policy, after, 0.7, 1e-3, "engine")
     # the stale engine's log-probs were those of the old weights, so they differ from the new policy's
     assert ((_trainer_logp(policy, stale, 0.7) - stale.sampler_logp).abs() * stale.completion_mask).max() > 1e-2
 
@@ -226,9 +258,7 @@ def test_async_generation_with_the_engine_log_probs(tmp_path):
 def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path):
     # as tests/rollout/test_async.py with rollout=vllm: the checkpoint at step 4 holds buffer 2 in flight, sampled
     # from the weights of step 3; the resumed run pushes the saved weights and regenerates it identically.
-    from transformers import AutoModelForCausalLM
 
-    from grpolab.run import run_training
 
     common = [*FAST_OVERRIDES, *VLLM_OVERRIDES, "val.at_start=false", "rollout.async_generation=true",
               "algo=grpo_offpolicy", "algo.steps_per_generation=3", "trainer.max_steps=8",
@@ -236,14 +266,4 @@ def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path):
               "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
               "callbacks.model_checkpoint.filename='step{step}'", "algo.truncated_reward=-1.0",
               "algo.learning_rate=1e-3"]
-    full_summary = run_training(compose_train_cfg(tmp_path / "full", common))
-    ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
-    assert torch.load(ckpt, weights_only=False)["RolloutDataModule"]["in_flight"]["policy_version"] == 3
-    summary = run_training(compose_train_cfg(tmp_path / "resumed", [*common, f"ckpt_path={ckpt}"]))
-    assert (summary["completions"], summary["weight_syncs"]) == (full_summary["completions"], full_summary["weight_syncs"])
-    wa, wb = (AutoModelForCausalLM.from_pretrained(tmp_path / p / "policy").state_dict() for p in ("full", "resumed"))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    full, resumed = (pd.read_csv(tmp_path / p / "metrics.csv").dropna(subset=["train/loss"]).reset_index(drop=True)
-                     for p in ("full", "resumed"))
-    cols = ["train/lag", "train/reward", "train/loss"]
-    pd.testing.assert_frame_equal(full[cols].iloc[4:].reset_index(drop=True), resumed[cols])
+    assert_resume_at_step4_is_exact(tmp_path, common)

@@ -21,13 +21,20 @@ from conftest import FAST_OVERRIDES, compose_train_cfg
 pytest.importorskip("vllm")
 
 # the tiny architecture vLLM's CPU kernels accept, the prompts and the trainer's log-probs of test_vllm_engine.py
-from test_vllm_engine import KV_BYTES, VLLM_ARCH, _prompts, _trainer_logp  # noqa: E402
+from test_vllm_engine import (  # noqa: E402
+    KV_BYTES,
+    VLLM_ARCH,
+    _prompts,
+    assert_lag0_parity,
+    assert_resume_at_step4_is_exact,
+    perturb_policy,
+)
 
 from grpolab.models import TinyCharModel  # noqa: E402
 from grpolab.rollout.engine import SamplingParams  # noqa: E402
 from grpolab.rollout.vllm_server import ServerError  # noqa: E402
 from grpolab.rollout.vllm_server_engine import VLLMServerEngine  # noqa: E402
-from grpolab.run import build, run_training, summarize  # noqa: E402
+from grpolab.run import build, summarize  # noqa: E402
 
 ARCH_OVERRIDES = ["model.num_attention_heads=1", "model.num_key_value_heads=1",
                   f"rollout.kv_cache_memory_bytes={KV_BYTES}", "rollout=vllm_server"]
@@ -57,18 +64,13 @@ def test_lag0_logp_parity_after_a_push_and_the_version_guard(served):
     params = SamplingParams(temperature=0.7, max_new_tokens=12)
     torch.manual_seed(0)
     before = engine.generate(policy, _prompts(tok), params)
-    with torch.no_grad():  # a new policy: the tied embedding / lm_head scaled, the last norm shifted
-        policy.model.embed_tokens.weight.mul_(4.0)
-        policy.model.norm.weight.add_(0.5)
+    perturb_policy(policy)
     engine.sync_weights(policy, 3)  # a file push the server reloads; the probe runs after it (second check)
     assert engine.weight_pushes == 2 and engine.sync_check["max_abs_logp_difference"] < 1e-4
     torch.manual_seed(0)
     after = engine.generate(policy, _prompts(tok), params)
     assert not torch.equal(after.completion_ids, before.completion_ids)
-    mask = after.completion_mask
-    diff = ((_trainer_logp(policy, after, 0.7) - after.sampler_logp).abs() * mask).max()
-    assert diff < 1e-4, f"server vs trainer log-probs differ by {diff} after a push"
-    assert (after.sampler_logp[~mask] == 0).all() and (after.sampler_logp[mask] < 0).all()
+    assert_lag0_parity(policy, after, 0.7, 1e-4, "server")
     torch.manual_seed(0)  # same weights, same seeds: same tokens
     assert torch.equal(engine.generate(policy, _prompts(tok), params).completion_ids, after.completion_ids)
 
@@ -104,7 +106,6 @@ def test_offpolicy_training_pushes_once_per_refresh_at_lag0_parity(tmp_path, ser
 def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path, served):
     # the checkpoint at step 4 holds buffer 2 in flight, sampled from the weights of step 3; the resumed run pushes
     # the saved weights to the server and regenerates it identically
-    from transformers import AutoModelForCausalLM
 
     url = served[0].client.url
     common = [*FAST_OVERRIDES, *ARCH_OVERRIDES, f"rollout.server.url={url}", "val.at_start=false",
@@ -113,18 +114,7 @@ def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path, served)
               "callbacks.model_checkpoint.every_n_train_steps=4", "callbacks.model_checkpoint.monitor=null",
               "callbacks.model_checkpoint.save_top_k=-1", "callbacks.model_checkpoint.filename='step{step}'",
               "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]
-    full_summary = run_training(compose_train_cfg(tmp_path / "full", common))
-    ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
-    assert torch.load(ckpt, weights_only=False)["RolloutDataModule"]["in_flight"]["policy_version"] == 3
-    summary = run_training(compose_train_cfg(tmp_path / "resumed", [*common, f"ckpt_path={ckpt}"]))
-    assert (summary["completions"], summary["weight_syncs"]) == (full_summary["completions"],
-                                                                 full_summary["weight_syncs"])
-    wa, wb = (AutoModelForCausalLM.from_pretrained(tmp_path / p / "policy").state_dict() for p in ("full", "resumed"))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    full, resumed = (pd.read_csv(tmp_path / p / "metrics.csv").dropna(subset=["train/loss"]).reset_index(drop=True)
-                     for p in ("full", "resumed"))
-    cols = ["train/lag", "train/reward", "train/loss"]
-    pd.testing.assert_frame_equal(full[cols].iloc[4:].reset_index(drop=True), resumed[cols])
+    assert_resume_at_step4_is_exact(tmp_path, common)
 
 
 def test_a_server_killed_mid_run_stops_it_naming_the_step_and_leaves_no_process(tmp_path):
