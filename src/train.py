@@ -34,17 +34,26 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     with report_user_errors("train.py"):
-        # torch and Lightning are imported after the override check, so a misspelt key is refused in a second
+        # torch after the override check (a misspelt key is refused in a second), Lightning after every other check
         from grpolab.plan_check import print_plan, wants_plan_only
-        from grpolab.run import run_training, task_wrapper
+        from grpolab.preflight import task_wrapper
 
         if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
             print_plan(cfg)
             return None
-        summary = task_wrapper(run_training)(cfg)
+        summary = task_wrapper(_train)(cfg)
     if summary is not None and summary.get("interrupted"):  # Ctrl-C / SIGTERM: outputs saved, exit 130 / 143
         sys.exit(128 + signal.Signals[summary["signal"]])
     return None if summary is None else summary.get("val_accuracy_end")
+
+
+def _train(cfg: DictConfig) -> dict:
+    from grpolab.preflight import preflight
+
+    checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
+    from grpolab.run import run_training
+
+    return run_training(cfg, checked)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def _run(tmp_path, *overrides):
 
 @pytest.mark.parametrize(
     "algo,steps,refreshes",
-    [("grpo_onpolicy", 4, 4), ("grpo_offpolicy", 4, 1), ("grpo_reuse", 4, 1)],
+    [("grpo_onpolicy", 4, 4), ("grpo_offpolicy", 4, 1), ("grpo_reuse", 4, 1), ("grpo_async", 4, 4)],
 )
 def test_each_algo_runs_and_refreshes_the_sampler_on_schedule(tmp_path, algo, steps, refreshes):
     # truncated_reward=-1 gives the random model reward variance (stopped vs never stopped), so it learns.
@@ -39,6 +39,8 @@ def test_each_algo_runs_and_refreshes_the_sampler_on_schedule(tmp_path, algo, st
         # lag 0: policy == sampler up to float noise; afterwards the policy has moved away from the sampler.
         assert abs(train["train/ratio/mean"].iloc[0] - 1.0) < 1e-5
         assert train["train/tv_token"].iloc[0] < 1e-5 and train["train/tv_token"].iloc[3] > 0
+    if algo == "grpo_async":  # buffer r+1 sampled from the weights of step r while step r trains: lag 1 after the first
+        assert summary["async_generation"] is True and train["train/lag"].tolist() == [0, 1, 1, 1]
     if algo == "grpo_reuse":
         # lag counts optimizer steps since the sampler refresh, so it follows the inner iteration
         assert train["train/iteration"].tolist() == [0, 1, 2, 3] and train["train/lag"].tolist() == [0, 1, 2, 3]

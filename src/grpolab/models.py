@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -357,16 +358,21 @@ class TinyCharModel(PretrainedModel):
         if task is None:
             raise ValueError("model.warmstart needs a task: pass the task to load_policy")
         target = Path(self.cache_dir) / "tiny_char" / self.cache_key(task)
-        if (target / "config.json").exists():
-            log.info("tiny model: loading the cached warm start from %s", target)
-            return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # one build per key: concurrent jobs (a parallel sweep, test workers) wait for it instead of repeating it
+        with FileLock(target.parent / f"{target.name}.lock"):
+            if (target / "config.json").exists():
+                log.info("tiny model: loading the cached warm start from %s", target)
+                return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+            return self._build_warm_start(tok, task, target)
+
+    def _build_warm_start(self, tok: Any, task: Any, target: Path) -> Any:
         from grpolab.warmstart import warm_start
 
         ws = {"seed": 0, **self.warmstart}
         model = random_qwen2(tok, self.arch, int(ws["seed"]), torch.float32)
         report = warm_start(model, tok, task.splits()["train"], **ws)
         log.info("tiny model: warm start %s", report)
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent))
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -376,3 +382,4 @@ class TinyCharModel(PretrainedModel):
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
         return model
+

@@ -1,6 +1,6 @@
 """The memory plan of a composed config: read it, log it, refuse a run that cannot fit, before any model is built.
 
-:func:`check_memory_plan` runs inside ``grpolab.run.build`` after the config checks; :func:`print_plan` is
+:func:`check_memory_plan` runs in ``grpolab.preflight.preflight`` after the other config checks; :func:`print_plan` is
 ``src/train.py +plan_only=true`` (or ``plan.only=true``): the table, then exit 0, loading nothing. The
 arithmetic is in :mod:`grpolab.memory_plan`; this module maps config keys onto it and finds the memory the
 run can see.

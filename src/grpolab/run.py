@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import signal
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
@@ -22,25 +17,16 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.callbacks.threads import apply_torch_threads
-from grpolab.cli import one_line, user_error, wants_traceback
 from grpolab.config import GRPOConfig
-from grpolab.config_checks import (
-    check_checkpoint,
-    check_paths,
-    check_required,
-    check_resume_steps,
-    check_types,
-    checkpoint_cadence_warning,
-)
-from grpolab.distributed import check_trainer, sum_over_ranks
-from grpolab.errors import ConfigError
-from grpolab.evaluation.final import check_final_eval, final_eval
-from grpolab.lora import count_parameters, save_policy, validate_lora
+from grpolab.config_checks import checkpoint_cadence_warning
+from grpolab.distributed import sum_over_ranks
+from grpolab.evaluation.final import final_eval
+from grpolab.lora import count_parameters, save_policy
 from grpolab.module import GRPOModule
-from grpolab.plan_check import check_memory_plan, plan_summary
+from grpolab.plan_check import plan_summary
+from grpolab.preflight import Checked, preflight
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
-from grpolab.rollout.settings import resolve_rollout
 
 log = logging.getLogger("grpolab")
 
@@ -54,77 +40,20 @@ def _build(cfg: DictConfig, node: str, **kwargs: Any) -> Any:
     return instantiate(cfg[node], **kwargs)
 
 
-def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfig], dict | None]:
-    """In a multirun, a failing job writes ``error.txt`` in its folder and the sweep goes on (a config error is
-    logged as its one line, anything else with its traceback); a single run re-raises so the exit status is
-    non-zero."""
-
-    @functools.wraps(fn)
-    def wrapped(cfg: DictConfig) -> dict | None:
-        try:
-            return fn(cfg)
-        except Exception as ex:
-            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-            if not multirun:
-                raise
-            out = Path(cfg.paths.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "error.txt").write_text(traceback.format_exc())
-            if (err := user_error(ex)) is not None and not wants_traceback():  # a config error: its line only
-                log.error("job failed: %s; the sweep continues (see %s)", one_line(str(err)), out / "error.txt")
-            else:
-                log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
-            return None
-
-    return wrapped
-
-
-def import_plugins(modules: list[str]) -> None:
-    """Import the modules named by ``imports`` (from the working directory or the Python path).
-
-    Raises:
-        ValueError: naming ``imports`` and the module that could not be imported.
-    """
-    import importlib
-    import sys
-
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # the working directory, as `python -m` would
-    for name in modules:
-        try:
-            importlib.import_module(str(name))
-        except ImportError as err:
-            raise ConfigError(f"imports: cannot import {name!r} ({err}); give a module on the Python path or in the "
-                              f"working directory") from err
-
-
-def build(cfg: DictConfig) -> dict[str, Any]:
+def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
     """Validate every setting, then instantiate task, verifier, model spec, module, engine, data module, trainer.
 
-    Settings are validated once, here, before any model is built, and never changed afterwards; the parts get
-    built objects or narrow values (the tokenizer, a policy handle), never the config.
+    Settings are validated once, by :func:`~grpolab.preflight.preflight` (``checked``: its result when the caller
+    already ran it, as ``src/train.py`` does before importing Lightning), before any model is built, and never
+    changed afterwards; the parts get built objects or narrow values (the tokenizer, a policy handle), never the
+    config.
 
     Raises:
         ConfigError: naming the key and the fix, for a user error found before anything is built (a wrong value
             or type, a missing key, file or folder, settings that conflict); ``src/train.py`` prints it as one line.
     """
-    check_required(cfg)  # a ??? left in the config (data=jsonl without data.path), named
-    import_plugins(cfg.get("imports") or [])  # they may register loss variants that algo.* names
-    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # fails before any model
-    check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc), before any model
-    drop = cfg.get("resume_drop_buffer", False)
-    if not isinstance(drop, bool):
-        raise ConfigError(f"resume_drop_buffer must be true or false, got {drop!r}: set resume_drop_buffer=true "
-                          "or resume_drop_buffer=false")
-    if cfg.get("ckpt_path"):
-        check_checkpoint(cfg.ckpt_path)
-        check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
-    engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
-    lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
-    check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
-    check_final_eval(cfg.get("final_eval"))
-    check_memory_plan(cfg, algo, lora)  # logged; refuses a run that cannot fit (plan.check) before any model
-    check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named, before any model
+    checked = checked or preflight(cfg)
+    algo, engine_args, settings = checked.algo, checked.engine_args, checked.settings
     apply_torch_threads(cfg.get("torch_threads", "auto"), OmegaConf.select(cfg, "model._target_"))
     L.seed_everything(cfg.seed, workers=True)
     task = _build(cfg, "data")
@@ -140,7 +69,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
                          pad_token_id=tokenizer.pad_token_id)
     datamodule = RolloutDataModule(task, verifier, engine, algo, settings, seed=cfg.seed,
                                    val_batch_size=cfg.val.batch_size, val_num_generations=cfg.val.num_generations,
-                                   resume_drop_buffer=drop)
+                                   resume_drop_buffer=checked.resume_drop_buffer)
     datamodule.connect(tokenizer, module.models)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]
     if (cadence := checkpoint_cadence_warning(cfg)) is not None:
@@ -158,7 +87,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer, "stop": stop}
 
 
-def run_training(cfg: DictConfig) -> dict:
+def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
     """Fit and write ``summary.json`` and ``policy/`` into the run folder. Returns the summary.
 
     SIGINT/SIGTERM during training (see :mod:`grpolab.callbacks.interrupt`): training stops at the next step
@@ -168,7 +97,7 @@ def run_training(cfg: DictConfig) -> dict:
     """
     start = time.perf_counter()
     out = Path(cfg.paths.output_dir)
-    parts = build(cfg)
+    parts = build(cfg, checked)
     trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
     stop: StopOnSignal = parts["stop"]
     final: dict = {}

@@ -1,0 +1,123 @@
+"""Every check of a training config, run before any model is built and before Lightning is imported.
+
+``src/train.py`` calls :func:`preflight` first, so a config error costs the import of torch and transformers
+(a few seconds) instead of the whole training stack's; :func:`grpolab.run.build` takes its result and never
+checks again. :func:`task_wrapper` (what a multirun job does with an error) lives here for the same reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from grpolab.cli import one_line, user_error, wants_traceback
+from grpolab.config import GRPOConfig
+from grpolab.config_checks import (
+    check_checkpoint,
+    check_paths,
+    check_required,
+    check_resume_steps,
+    check_types,
+)
+from grpolab.distributed import check_trainer
+from grpolab.errors import ConfigError
+from grpolab.evaluation.final import check_final_eval
+from grpolab.lora import LoraSettings, validate_lora
+from grpolab.plan_check import check_memory_plan
+from grpolab.rollout.engine import GenerationEngine
+from grpolab.rollout.settings import RolloutSettings, resolve_rollout
+
+log = logging.getLogger("grpolab")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What :func:`preflight` found valid: the algorithm settings, the engine class and its constructor node,
+    the rollout schedule settings, the LoRA settings and ``resume_drop_buffer``."""
+
+    algo: GRPOConfig
+    engine_cls: type[GenerationEngine]
+    engine_args: dict[str, Any]
+    settings: RolloutSettings
+    lora: LoraSettings
+    resume_drop_buffer: bool
+
+
+def preflight(cfg: DictConfig) -> Checked:
+    """Check a composed training config without building anything: required keys, ``imports``, ``algo.*``, every
+    simple-typed key, the resume checkpoint, the rollout engine and schedule, LoRA, the trainer, the final eval,
+    the memory plan (logged; a run that cannot fit is refused unless ``plan.check=false``) and every path.
+
+    Raises:
+        ConfigError: naming the key and the fix (``src/train.py`` prints it as one line, exit status 2).
+    """
+    check_required(cfg)  # a ??? left in the config (data=jsonl without data.path), named
+    import_plugins(cfg.get("imports") or [])  # they may register loss variants that algo.* names
+    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
+    check_types(cfg)  # every other key with a simple type, named (trainer.max_steps=abc)
+    drop = cfg.get("resume_drop_buffer", False)
+    if not isinstance(drop, bool):
+        raise ConfigError(f"resume_drop_buffer must be true or false, got {drop!r}: set resume_drop_buffer=true "
+                          "or resume_drop_buffer=false")
+    if cfg.get("ckpt_path"):
+        check_checkpoint(cfg.ckpt_path)
+        check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
+    engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
+    lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
+    check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
+    check_final_eval(cfg.get("final_eval"))
+    check_memory_plan(cfg, algo, lora)
+    check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named
+    return Checked(algo, engine_cls, engine_args, settings, lora, drop)
+
+
+def import_plugins(modules: list[str]) -> None:
+    """Import the modules named by ``imports`` (from the working directory or the Python path).
+
+    Raises:
+        ConfigError: naming ``imports`` and the module that could not be imported.
+    """
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the working directory, as `python -m` would
+    for name in modules:
+        try:
+            importlib.import_module(str(name))
+        except ImportError as err:
+            raise ConfigError(f"imports: cannot import {name!r} ({err}); give a module on the Python path or in the "
+                              f"working directory") from err
+
+
+def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfig], dict | None]:
+    """In a multirun, a failing job writes ``error.txt`` in its folder and the sweep goes on (a config error is
+    logged as its one line, anything else with its traceback); a single run re-raises so the exit status is
+    non-zero."""
+
+    @functools.wraps(fn)
+    def wrapped(cfg: DictConfig) -> dict | None:
+        try:
+            return fn(cfg)
+        except Exception as ex:
+            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+            if not multirun:
+                raise
+            out = Path(cfg.paths.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "error.txt").write_text(traceback.format_exc())
+            if (err := user_error(ex)) is not None and not wants_traceback():  # a config error: its line only
+                log.error("job failed: %s; the sweep continues (see %s)", one_line(str(err)), out / "error.txt")
+            else:
+                log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
+            return None
+
+    return wrapped
