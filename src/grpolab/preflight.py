@@ -36,7 +36,10 @@ from grpolab.evaluation.final import check_final_eval
 from grpolab.lora import LoraSettings, validate_lora
 from grpolab.plan_check import check_memory_plan
 from grpolab.rollout.engine import GenerationEngine
+from grpolab.rollout.resume import resume_conflicts
 from grpolab.rollout.settings import RolloutSettings, resolve_rollout
+
+DATAMODULE_STATE_KEY = "RolloutDataModule"  # where Lightning keeps the data module's state_dict in a checkpoint
 
 log = logging.getLogger("grpolab")
 
@@ -77,9 +80,43 @@ def preflight(cfg: DictConfig) -> Checked:
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_final_eval(cfg.get("final_eval"))
+    if cfg.get("ckpt_path"):
+        check_saved_rollout(cfg.ckpt_path, algo, cfg.trainer, drop)
     check_memory_plan(cfg, algo, lora)
     check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named
     return Checked(algo, engine_cls, engine_args, settings, lora, drop)
+
+
+def planned_world_size(trainer: Any) -> int | None:
+    """``trainer.devices x trainer.num_nodes`` when both are integers (the processes the run will have); None when
+    Lightning decides (``devices: auto``, a list of devices)."""
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    if isinstance(devices, bool) or not isinstance(devices, int) or not isinstance(nodes, int) or devices < 1:
+        return None
+    return devices * nodes
+
+
+def check_saved_rollout(path: str, algo: GRPOConfig, trainer: Any, drop_buffer: bool) -> None:
+    """Refuse, before any model is built, a resume whose saved rollout buffer the run cannot continue: a changed
+    buffer-shaping setting, or another process count while the saved buffers have steps left (the same rule the data
+    module applies when it loads the state; :func:`~grpolab.rollout.resume.resume_conflicts`). The checkpoint is
+    memory-mapped; nothing is checked when the process count is left to Lightning.
+
+    Raises:
+        ConfigError: listing the conflicts and naming ``resume_drop_buffer``.
+    """
+    import torch
+
+    world = planned_world_size(trainer)
+    if world is None:
+        return
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    state = ckpt.get(DATAMODULE_STATE_KEY) if isinstance(ckpt, dict) else None  # Lightning: keyed by class name
+    if isinstance(state, dict):
+        resume_conflicts(state, algo, world, drop_buffer)
 
 
 def import_plugins(modules: list[str]) -> None:

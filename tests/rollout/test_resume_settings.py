@@ -62,3 +62,22 @@ def test_unchanged_settings_resume_as_before(tmp_path, mid_buffer_ckpt):
                                        "algo.learning_rate=5e-5"])  # not a buffer setting
     summary = run_training(cfg)
     assert summary["steps"] == 3 and summary["sampler_refreshes"] == 1  # the saved buffer was used up
+
+
+def test_a_resume_the_buffer_cannot_serve_is_refused_before_any_model(tmp_path, mid_buffer_ckpt):
+    # the data module's state is read from the checkpoint by preflight, before Lightning or a model is touched
+    from grpolab.preflight import DATAMODULE_STATE_KEY, preflight
+    from grpolab.rollout.datamodule import RolloutDataModule
+
+    assert DATAMODULE_STATE_KEY == RolloutDataModule.__qualname__  # the key Lightning saves the state under
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *COMMON, "algo.num_generations=2", "trainer.max_steps=3",
+                                       f"ckpt_path={mid_buffer_ckpt}"])
+    with pytest.raises(ValueError, match="algo.num_generations: 4 -> 2"):
+        preflight(cfg)
+    # another process count while the saved buffer has steps left: each rank held its own prompts' buffer
+    ddp = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *COMMON, "trainer=ddp", "trainer.max_steps=3",
+                                       f"ckpt_path={mid_buffer_ckpt}"])
+    with pytest.raises(ValueError, match="rank buffers in the checkpoint: 1, processes now: 2"):
+        preflight(ddp)
+    preflight(compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *COMMON, "trainer=ddp", "trainer.max_steps=3",
+                                           f"ckpt_path={mid_buffer_ckpt}", "resume_drop_buffer=true"]))

@@ -137,6 +137,35 @@ def rollout_state(dm: Any, rank: int, world: int) -> dict[str, Any]:
     return state
 
 
+def resume_conflicts(state: dict[str, Any], cfg: Any, world: int, drop_buffer: bool) -> list[str]:
+    """What keeps a saved rollout state from being resumed as it is: every changed buffer setting (see
+    :func:`changed_buffer_settings`) and a process count other than the one that saved buffers with steps left
+    (each rank held its own prompts' buffer).
+
+    Args:
+        state: the data module's saved state (:func:`rollout_state`).
+        cfg: the :class:`~grpolab.config.GRPOConfig` of the resumed run.
+        world: the number of training processes now.
+        drop_buffer: ``resume_drop_buffer``: the conflicts are returned (the caller drops the buffer) instead of raised.
+
+    Raises:
+        ConfigError: listing the conflicts and naming ``resume_drop_buffer``, when there are any and not ``drop_buffer``.
+    """
+    changed = changed_buffer_settings(state.get("settings"), cfg)
+    saved_world = saved_world_size(state)
+    saved_i = (state.get("settings") or {}).get("num_iterations", cfg.num_iterations)
+    pending = RolloutBuffer.saved_has_pending(state, saved_i) or state.get("in_flight") is not None
+    if saved_world != world and pending:  # each rank held its own buffer
+        changed = [*changed, f"rank buffers in the checkpoint: {saved_world}, processes now: {world}"]
+    if changed and not drop_buffer:
+        raise ConfigError(
+            "resuming with settings that shape the saved rollout buffer changed: " + ", ".join(changed)
+            + ". Resume with the checkpoint's values, or pass resume_drop_buffer=true to drop the saved buffer "
+            "and sample a new one with the new settings"
+        )
+    return changed
+
+
 def load_rollout_state(dm: Any, state: dict[str, Any], rank: int, world: int) -> None:
     """Restore :func:`rollout_state` into ``dm`` (after its ``setup``).
 
@@ -147,18 +176,8 @@ def load_rollout_state(dm: Any, state: dict[str, Any], rank: int, world: int) ->
     """
     if state.get("prompt_order") or state.get("sampler"):
         dm.prompts.load_state_dict(state.get("prompt_order") or state["sampler"])
-    changed = changed_buffer_settings(state.get("settings"), dm.cfg)
+    changed = resume_conflicts(state, dm.cfg, world, dm.resume_drop_buffer)
     saved_world = saved_world_size(state)
-    saved_i = (state.get("settings") or {}).get("num_iterations", dm.cfg.num_iterations)
-    pending = RolloutBuffer.saved_has_pending(state, saved_i) or state.get("in_flight") is not None
-    if saved_world != world and pending:  # each rank held its own buffer
-        changed = [*changed, f"rank buffers in the checkpoint: {saved_world}, processes now: {world}"]
-    if changed and not dm.resume_drop_buffer:
-        raise ConfigError(
-            "resuming with settings that shape the saved rollout buffer changed: " + ", ".join(changed)
-            + ". Resume with the checkpoint's values, or pass resume_drop_buffer=true to drop the saved buffer "
-            "and sample a new one with the new settings"
-        )
     if changed:
         log.warning("resume_drop_buffer=true: dropping the saved rollout buffer (%s); the next step samples "
                     "a new one", ", ".join(changed))
