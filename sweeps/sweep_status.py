@@ -7,13 +7,17 @@ in batches into one folder: ``hydra.sweep.dir=$S/<batch>``. This script reads ev
 from the sweep's grid::
 
     python sweeps/sweep_status.py multirun/corrections_small/<time> [--config corrections_small] [data=multistep]
+    python sweeps/sweep_status.py $S --csv sweeps/results/corrections_small_default.csv   # keep the results
 
-Extra ``key=value`` arguments are passed to the composition of the sweep (the grid itself).
+Extra ``key=value`` arguments are passed to the composition of the sweep (the grid itself). ``--csv`` appends one
+row per finished job (:data:`COLUMNS`, from its ``summary.json``) to a results file, skipping the (arm, seed)
+pairs it already holds: the record of a screen run over several days on machines that do not keep their folders.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from pathlib import Path
 
@@ -54,12 +58,42 @@ def jobs(sweep: Path, keys: list[str]) -> dict[tuple[str, ...], str]:
     return out
 
 
+COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
+           "async_generation", "drift_refreshes", "time_total_s")
+
+
+def append_results(sweep: Path, keys: list[str], out: Path) -> int:
+    """Append a :data:`COLUMNS` row to ``out`` for every finished job under ``sweep`` whose (arm, seed) it lacks
+    (``arm`` is the value of the grid's first key). Returns the number of rows added."""
+    rows = list(csv.DictReader(out.open())) if out.exists() else []
+    have = {(r["arm"], str(r["seed"])) for r in rows}
+    added = 0
+    for path in sorted(sweep.rglob(".hydra/overrides.yaml")):
+        values = dict(o.split("=", 1) for o in yaml.safe_load(path.read_text()) or [] if "=" in o)
+        summary_path = path.parent.parent / "summary.json"
+        if not summary_path.exists():
+            continue
+        summary = json.loads(summary_path.read_text())
+        arm, seed = values.get(keys[0], ""), str(summary.get("seed"))
+        if summary.get("interrupted") or (arm, seed) in have:
+            continue
+        rows.append({"arm": arm, **{c: summary.get(c) for c in COLUMNS if c != "arm"}})
+        have.add((arm, seed))
+        added += 1
+    with out.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return added
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path)
     parser.add_argument("--config", default="corrections_small")
+    parser.add_argument("--csv", type=Path, help="append the finished jobs' results to this CSV file")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     params = grid(args.config, args.overrides)
     keys = list(params)
     found = jobs(args.sweep, keys)
@@ -75,6 +109,8 @@ def main() -> None:
     print(f"{done} done; to run the rest:")
     for other, values in missing.items():
         print(f"  {first}={','.join(values)} " + " ".join(f"{k}={v}" for k, v in zip(rest, other.split(","))))
+    if args.csv:
+        print(f"{append_results(args.sweep, keys, args.csv)} rows added to {args.csv}")
 
 
 def _product(lists: list[list[str]]) -> list[tuple[str, ...]]:

@@ -67,3 +67,32 @@ def test_sweep_status_lists_what_is_left(tmp_path):
     assert "correction_arm=k10_ppo seed=1 running or failed" in out and "1 done; to run the rest:" in out
     assert {line.strip() for line in out.splitlines()[-2:]} == {"correction_arm=k10_ppo seed=0",
                                                                 "correction_arm=onpolicy,k10_ppo seed=1"}
+
+
+def test_sweep_status_appends_finished_jobs_to_a_results_csv_once(tmp_path):
+    import csv
+
+    sweep, out = tmp_path / "sweep", tmp_path / "results.csv"
+    for arm, seed, summary in [("onpolicy", 0, {"seed": 0, "steps": 400, "test_mean_at_16": 0.5}),
+                               ("k10_ppo", 0, {"seed": 0, "interrupted": True}), ("k10_ppo", 1, None)]:
+        job = sweep / f"0_{arm}_{seed}"
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- correction_arm={arm}\n- seed={seed}\n")
+        if summary is not None:
+            (job / "summary.json").write_text(json.dumps(summary))
+    cmd = [sys.executable, "sweeps/sweep_status.py", str(sweep), "--csv", str(out), "correction_arm=onpolicy,k10_ppo",
+           "seed=0,1"]
+    for added in (1, 0):  # the second call finds the row already kept
+        res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+        assert f"{added} rows added to {out}" in res
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["arm"], r["seed"], r["steps"], r["test_mean_at_16"]) for r in rows] == [("onpolicy", "0", "400", "0.5")]
+
+
+def test_the_async_default_confirmation_is_grpo_async_against_onpolicy_at_1000_steps():
+    cfg = compose_sweep("async_default", ["correction_arm=grpo_async"])
+    assert grid(cfg) == {"correction_arm": ["onpolicy", "grpo_async"], "seed": ["0", "1", "2"]}
+    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
+    assert cfg.trainer.max_steps == 1000 and cfg.final_eval.num_samples == 16 and cfg.data.test_size == 1024
+    assert (algo.name, algo.steps_per_generation, algo.clip_mode, cfg.rollout.async_generation) == (
+        "grpo_async", 1, "ppo", True)

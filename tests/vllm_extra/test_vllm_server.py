@@ -117,6 +117,34 @@ def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path, served)
     assert_resume_at_step4_is_exact(tmp_path, common)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_share_one_server_and_only_rank0_pushes_full_tensors(tmp_path, served, strategy):
+    # 2 gloo processes launched as a user does, against the shared server: each rank asks for its own prompts'
+    # completions, rank 0 pushes once per refresh (under FSDP the gathered full tensors), and the server's log-probs
+    # match both ranks' trainer at lag 0 (a sharded or missing push would break that parity)
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+    from ddp_helpers import COMMON, train
+
+    out = tmp_path / "run"
+    common = [o for o in COMMON if not o.startswith("trainer.max_steps")]
+    res = train(out, f"trainer={strategy}", *common, *ARCH_OVERRIDES, f"rollout.server.url={served[0].client.url}",
+                "rollout.server.request_timeout_s=60", "algo=grpo_offpolicy", "algo.steps_per_generation=2",
+                "trainer.max_steps=4", "trainer.log_every_n_steps=1", "val.at_start=false",
+                "trainer.val_check_interval=100", "save_policy=false", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["weight_syncs"] == summary["sampler_refreshes"] == 2
+    rows = {r: [json.loads(x) for x in (out / "audit" / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
+    assert all(not set(a["uids"]) & set(b["uids"]) for a, b in zip(rows[0], rows[1], strict=True))
+    train_rows = pd.read_csv(out / "metrics.csv").dropna(subset=["train/loss"])
+    lag0 = train_rows["train/lag"] == 0
+    assert lag0.sum() == 2 and (train_rows["train/sampling/sampling_logp_difference/max"][lag0] < 1e-4).all()
+
+
 def test_a_server_killed_mid_run_stops_it_naming_the_step_and_leaves_no_process(tmp_path):
     # the run starts its own server (rollout.server.url=null); it is SIGKILLed after step 4, so refilling the
     # buffer at step 4 fails: the run stops within the timeout, naming the step, the checkpoint of step 2 is kept
