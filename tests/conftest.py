@@ -85,3 +85,27 @@ def pytest_collection_modifyitems(config, items):
     instead of becoming the tail of the run."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+# GRPOLAB_TEST_CPU=<file>: append one JSON line per test with its CPU seconds (this process and the processes it
+# waited for: train.py subprocesses, DDP ranks) and wall seconds. CPU time barely moves with the machine's load,
+# so suite work can be compared on a busy machine: python tests/cpu_report.py <file>
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    out = os.environ.get("GRPOLAB_TEST_CPU")
+    if not out:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
+    yield
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - c0, 2),
+                             "wall_s": round(time.perf_counter() - t0, 2)}) + "\n")
