@@ -8,7 +8,8 @@ Not CI. Both caches run in ONE process, alternated (dynamic, preallocated, dynam
 pairs), first with one torch thread, then with all of them (``torch.get_num_threads()`` at start). Each run is
 :func:`grpolab.rollout.decode.sample_completions` (sampling at temperature 1 with a seeded generator, rows
 dropped when they stop, each group's prompt prefilled once) on the same prompts; every run's tokens and log-probs
-must equal the first dynamic run's (the script stops otherwise). One untimed warm-up run per case and thread count.
+must equal the first dynamic run's (the script stops otherwise). Before them, an untimed warm-up of each cache
+(4 new tokens) per case and thread count.
 
 Cases (``--cases``):
 
@@ -18,7 +19,7 @@ Cases (``--cases``):
   32 (``tiny_*_32``).
 * ``qwen0.5b_16``: Qwen2.5-0.5B's shape (conf/model/qwen0.5b.yaml ``architecture``, random weights,
   ``--dtype``), GSM8K prompts through the real tokenizer's chat template (~100 tokens), 4 prompts x 4 = 16 rows,
-  64 new tokens (random weights over 151k ids: no row stops early).
+  64 new tokens (``--qwen-new-tokens``; random weights over 151k ids: no row stops early).
 
 Reported per case and thread count: completion tokens per second (tokens up to and including each row's stop,
 summed over the runs of each cache, divided by their summed seconds) and the ratio preallocated / dynamic; plus
@@ -99,15 +100,18 @@ def completion_tokens(tokens: torch.Tensor, stop: list[int]) -> int:
 
 
 def compare(case: dict, rounds: int) -> dict:
-    """Alternate the two caches ``rounds`` times after a warm-up; tokens and log-probs must match exactly."""
-    _, ref_tokens, ref_logp = run_once(case, "dynamic")  # warm-up
-    run_once(case, "preallocated")
+    """Alternate the two caches ``rounds`` times after a short warm-up (4 new tokens each); every run's tokens and
+    log-probs must equal the first dynamic run's exactly."""
+    for impl in ("dynamic", "preallocated"):
+        run_once({**case, "new_tokens": min(case["new_tokens"], 4)}, impl)
     seconds = {"dynamic": 0.0, "preallocated": 0.0}
     count = {"dynamic": 0, "preallocated": 0}
+    ref = None
     for _ in range(rounds):
         for impl in ("dynamic", "preallocated"):
             s, tokens, logp = run_once(case, impl)
-            if not (torch.equal(tokens, ref_tokens) and torch.equal(logp, ref_logp)):
+            ref = ref or (tokens, logp)
+            if not (torch.equal(tokens, ref[0]) and torch.equal(logp, ref[1])):
                 raise AssertionError(f"{impl}: other tokens or log-probs than the dynamic cache's")
             seconds[impl] += s
             count[impl] += completion_tokens(tokens, case["stop"])
@@ -117,14 +121,14 @@ def compare(case: dict, rounds: int) -> dict:
                 ratio=tok_s["preallocated"] / tok_s["dynamic"])
 
 
-def build(name: str, quick: bool, dtype: torch.dtype) -> dict:
+def build(name: str, quick: bool, dtype: torch.dtype, qwen_tokens: int = 64) -> dict:
     if name.startswith("tiny"):
         parts = name.split("_")
         rows, new_tokens = int(parts[1]), int(parts[2]) if len(parts) > 2 else 6
         if quick:
             rows = min(rows, 128)
         return tiny_case(rows // 8, 8, new_tokens)
-    return qwen_case(4, 4, 8 if quick else 64, 2 if quick else None, dtype)
+    return qwen_case(4, 4, 8 if quick else qwen_tokens, 2 if quick else None, dtype)
 
 
 def main() -> None:
@@ -133,6 +137,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="(dynamic, preallocated) pairs per measurement")
     parser.add_argument("--threads", nargs="+", default=["1", "all"], help="torch thread counts: ints or 'all'")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the 0.5B's dtype")
+    parser.add_argument("--qwen-new-tokens", type=int, default=64, help="max_new_tokens of qwen0.5b_16")
     parser.add_argument("--quick", action="store_true", help="128 rows at most, 0.5B with 2 layers, 8 tokens")
     args = parser.parse_args()
     all_threads = torch.get_num_threads()
@@ -140,14 +145,14 @@ def main() -> None:
     print("| case | rows | new tokens | threads | dynamic tok/s | preallocated tok/s | ratio | load (1 min) |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.cases:
-        case = build(name, args.quick, getattr(torch, args.dtype))
+        case = build(name, args.quick, getattr(torch, args.dtype), args.qwen_new_tokens)
         for threads in args.threads:
             n = all_threads if threads == "all" else int(threads)
             torch.set_num_threads(n)
             before = os.getloadavg()[0]
             r = compare(case, args.rounds)
             print(f"| {name} | {r['rows']} | {r['new_tokens']} (~{r['tokens'] / r['rows']:.1f} per row) | {n} | "
-                  f"{r['dynamic_tok_s']:.0f} | {r['preallocated_tok_s']:.0f} | {r['ratio']:.2f} | "
+                  f"{r['dynamic_tok_s']:.4g} | {r['preallocated_tok_s']:.4g} | {r['ratio']:.2f} | "
                   f"{before:.1f}-{os.getloadavg()[0]:.1f} |", flush=True)
         del case
     torch.set_num_threads(all_threads)

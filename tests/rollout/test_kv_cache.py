@@ -140,3 +140,23 @@ def test_capacity_and_index_errors():
     with pytest.raises(ValueError, match="cache_implementation must be one of"):
         sample_completions(None, torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1), 1, [0], 0,
                            cache_implementation="static")
+
+
+@pytest.mark.parametrize("rollout", ["hf", "hf_copy"])
+def test_the_setting_reaches_the_engine(tmp_path, rollout):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from grpolab.config import GRPOConfig
+    from grpolab.rollout.settings import resolve_rollout
+    from conftest import FAST_OVERRIDES, compose_train_cfg
+
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, f"rollout={rollout}"])
+    assert cfg.rollout.cache_implementation == "dynamic"  # the default: not faster on this CPU (docs/scale-out.md)
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, f"rollout={rollout}",
+                                       "rollout.cache_implementation=preallocated"])
+    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
+    _, args, _ = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
+    engine = instantiate(args, stop_token_ids=[0], pad_token_id=0)
+    assert engine.cache_implementation == "preallocated"
+    assert engine.validation_engine().cache_implementation == "preallocated"

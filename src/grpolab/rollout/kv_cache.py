@@ -10,7 +10,8 @@ over its whole capacity at every step (a longer softmax: other float round-off t
 step's keys and values in place, and returns the view of the filled part, ``[:rows, :, :length]``: the
 attention sees the same values and shapes as with ``DynamicCache`` (only the strides differ), so the loop's
 results do not change (tests/rollout/test_kv_cache.py checks the tokens and log-probs bit for bit). Dropping
-finished rows moves the rows after the first dropped one up, in place (stable order, as ``DynamicCache``).
+finished rows moves the rows after the first dropped one up, in place (the same order as ``DynamicCache``:
+another batch order would change the float round-off of the forward, measured 2e-6 in the log-probs).
 """
 
 from __future__ import annotations
@@ -137,11 +138,17 @@ def first_moved_row(indices: torch.Tensor, rows: int, max_rows: int) -> int:
 
 
 def move_rows(buffer: torch.Tensor, indices: torch.Tensor, first: int, length: int) -> None:
-    """In place: ``buffer[i, :, :length] = old buffer[indices[i], :, :length]`` for ``i >= first`` (a gather of
-    the moved rows, then one write; rows before ``first`` are not touched). ``buffer``: [rows, heads, len, dim]."""
+    """In place: ``buffer[i, :, :length] = old buffer[indices[i], :, :length]`` for ``i >= first`` (rows before
+    ``first`` are not touched). The moved rows are gathered with ``index_select`` (several times faster here
+    than advanced indexing, ``buffer[indices]``, which ``DynamicLayer`` uses), then written back.
+
+    Args:
+        buffer: [max_rows, heads, max_len, dim]. indices: [n] long. first: from :func:`first_moved_row`.
+    """
     n = indices.shape[0]
     if first < n:
-        buffer[first:n, :, :length] = buffer[indices[first:].to(buffer.device), :, :length]
+        filled = buffer[:, :, :length]
+        filled[first:n].copy_(torch.index_select(filled, 0, indices[first:].to(buffer.device)))
 
 
 class PreallocatedCache(Cache):
@@ -155,7 +162,8 @@ class PreallocatedCache(Cache):
         super().__init__(layers=[PreallocatedLayer(max_batch_size, max_cache_len) for _ in range(num_layers)])
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep rows ``indices`` ([n] long) in every layer; one check of the indices for all layers.
+        """Keep rows ``indices`` ([n] long) in every layer; one check of the indices for all layers. Rows
+        before the first one whose index changes are not copied (dropping the last rows copies nothing).
 
         Raises:
             ValueError: as :func:`first_moved_row`.
