@@ -26,7 +26,8 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     ignores the live model it is passed.
 
     Args:
-        stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows: as :class:`HFGenerationEngine`.
+        stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows, cache_implementation: as
+            :class:`HFGenerationEngine`.
         recompute_sampler_logp: False (default here, as a separate inference engine would): log alpha is the
             log-probs recorded while sampling (no forward over the buffer); True: a forward on the sampler's
             copy in the training pass's shapes (as :class:`HFGenerationEngine` does by default).
@@ -39,9 +40,10 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     supports_sharded_policy = False  # a deep copy of an FSDP-sharded policy would hold shards, not a model
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
-                 drop_finished_rows: bool = True, recompute_sampler_logp: bool = False):
+                 drop_finished_rows: bool = True, recompute_sampler_logp: bool = False,
+                 cache_implementation: str = "dynamic"):
         super().__init__(stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows,
-                         recompute_sampler_logp)
+                         recompute_sampler_logp, cache_implementation)
         self.sampler_model: torch.nn.Module | None = None
 
     def sync_weights(self, model: Any, version: int) -> None:
@@ -65,7 +67,7 @@ class HFSamplerCopyEngine(HFGenerationEngine):
     def validation_engine(self) -> GenerationEngine:
         """An in-place engine with the same settings: held-out accuracy is measured on the live policy."""
         return HFGenerationEngine(self.stop_token_ids, self.pad_token_id, self.generation_batch_size,
-                                  self.drop_finished_rows)
+                                  self.drop_finished_rows, cache_implementation=self.cache_implementation)
 
     def sampler_state_dict(self) -> dict[str, torch.Tensor]:
         """The sampler's weights (CPU clones), for a checkpoint of a run whose next buffer is in flight."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grpolab.rollout.kv_cache import CACHE_IMPLEMENTATIONS, PreallocatedCache
 from grpolab.rollout.shared_prompt import prompt_groups
 
 
@@ -35,7 +36,8 @@ def supports_decode_loop(model: Any) -> bool:
 def sample_completions(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
                        stop_token_ids: list[int], pad_token_id: int, temperature: float = 1.0,
                        do_sample: bool = True, return_log_probs: bool = False,
-                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       generator: torch.Generator | None = None,
+                       cache_implementation: str = "dynamic") -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sample up to ``max_new_tokens`` per row; a row stops at its first stop token.
 
     Args:
@@ -49,14 +51,23 @@ def sample_completions(model: Any, input_ids: torch.Tensor, attention_mask: torc
         return_log_probs: also return each sampled token's log-prob under the distribution it was drawn from
             (``log_softmax(logits / temperature)``; untempered when greedy, as ``generate``'s scores).
         generator: the ``torch.Generator`` of the draws (None = torch's global RNG).
+        cache_implementation: ``"dynamic"``: the model's ``DynamicCache`` (grows by ``torch.cat`` each step);
+            ``"preallocated"``: after the prefill, a :class:`~grpolab.rollout.kv_cache.PreallocatedCache` of
+            ``[B, kv_heads, P + max_new_tokens - 1, head_dim]`` per layer written in place (same tokens and
+            log-probs, bit for bit).
 
     Returns:
         ``(completion_ids, log_probs)``: [B, L] long ids on ``input_ids``' device, ``L <= max_new_tokens``
         the step at which the last row stopped (as ``generate`` returns them, without the prompt), padding
         after each row's stop; [B, L] float32 log-probs (0 after the stop) or None.
+
+    Raises:
+        ValueError: ``max_new_tokens < 1`` or an unknown ``cache_implementation``.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if cache_implementation not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(f"cache_implementation must be one of {CACHE_IMPLEMENTATIONS}, got {cache_implementation!r}")
     batch, device = input_ids.shape[0], input_ids.device
     tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     log_probs = torch.zeros(batch, max_new_tokens, device=device) if return_log_probs else None
@@ -70,8 +81,12 @@ def sample_completions(model: Any, input_ids: torch.Tensor, attention_mask: torc
     cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
     cache = getattr(out, cache_name)
     first_logits = out.logits[:, -1]
-    if groups is not None:  # one cache row (and first-token distribution) per completion
+    if cache_implementation == "preallocated":  # copy (and expand) the prefill into buffers of full length
+        rows = groups[1] if groups is not None else torch.arange(batch, device=device)
+        cache = PreallocatedCache.from_dynamic(cache, rows, input_ids.shape[1] + max_new_tokens - 1)
+    elif groups is not None:  # one cache row per completion
         cache.batch_select_indices(groups[1])
+    if groups is not None:  # one first-token distribution per completion
         first_logits = first_logits[groups[1]]
     alive = torch.arange(batch, device=device)
     next_position = positions[:, -1:] + 1

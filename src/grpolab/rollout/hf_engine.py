@@ -18,6 +18,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from grpolab.algo.masks import completion_mask
 from grpolab.rollout.decode import sample_completions, supports_decode_loop
 from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.kv_cache import CACHE_IMPLEMENTATIONS
 
 
 class HFGenerationEngine(GenerationEngine):
@@ -40,10 +41,18 @@ class HFGenerationEngine(GenerationEngine):
             pass's micro-batch shapes, so the lag-0 ratio is exactly 1 (docs/pitfalls.md #8). False: the log-probs
             of the sampled tokens recorded while sampling are log alpha (no extra forward over the buffer;
             equal to the forward's within float round-off, ~1e-6 in float32, more under bf16 autocast).
+        cache_implementation: the decode loop's KV cache (``drop_finished_rows``; ``generate`` keeps its own):
+            ``"dynamic"`` (transformers' ``DynamicCache``) or ``"preallocated"``
+            (:class:`~grpolab.rollout.kv_cache.PreallocatedCache`: written in place, same tokens and log-probs).
+
+    Raises:
+        ValueError: no stop token, ``generation_batch_size < 1``, a non-boolean ``recompute_sampler_logp`` or an
+            unknown ``cache_implementation``.
     """
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, generation_batch_size: int | None = None,
-                 drop_finished_rows: bool = True, recompute_sampler_logp: bool = True):
+                 drop_finished_rows: bool = True, recompute_sampler_logp: bool = True,
+                 cache_implementation: str = "dynamic"):
         if not stop_token_ids:
             raise ValueError("rollout: at least one stop token id is needed")
         if generation_batch_size is not None and generation_batch_size < 1:
@@ -55,6 +64,10 @@ class HFGenerationEngine(GenerationEngine):
         if not isinstance(recompute_sampler_logp, bool):
             raise ValueError(f"rollout.recompute_sampler_logp must be true or false, got {recompute_sampler_logp!r}")
         self.recompute_sampler_logp = recompute_sampler_logp
+        if cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise ValueError(f"rollout.cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)}, "
+                             f"got {cache_implementation!r}")
+        self.cache_implementation = cache_implementation
 
     @classmethod
     def async_engine(cls) -> type[GenerationEngine]:
@@ -101,7 +114,7 @@ class HFGenerationEngine(GenerationEngine):
                         comp, logp = sample_completions(
                             model, ids.to(device), mask.to(device), params.max_new_tokens, self.stop_token_ids,
                             self.pad_token_id, params.temperature, params.do_sample, params.return_log_probs,
-                            generator=params.generator)
+                            generator=params.generator, cache_implementation=self.cache_implementation)
                         parts.append((ids, mask, comp.cpu(), None if logp is None else logp.cpu()))
                         continue
                     if extra:
