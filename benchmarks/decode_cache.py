@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpolab.models import TinyCharModel, PretrainedModel
+from grpolab.models import PretrainedModel, TinyCharModel
 from grpolab.random_init import random_from_architecture
 from grpolab.rollout.decode import sample_completions
 from grpolab.rollout.engine import left_pad

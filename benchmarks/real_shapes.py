@@ -6,6 +6,7 @@ the memory plan, seconds per step, generation and training tokens/s, and their f
     python benchmarks/real_shapes.py --rows 0.5b_bf16_vllm --python ~/.cache/grpolab/venv-vllm/bin/python
     python benchmarks/real_shapes.py --matmul-only           # the matmul peak alone
     python benchmarks/real_shapes.py --quick --rows 0.5b_fp32_hf   # one decoder layer: checks the script
+    python benchmarks/real_shapes.py --rows 0.5b_fp32_hf --extra malloc_mmap_threshold=null   # glibc's default
 
 Not CI. Every row is ``src/train.py`` with ``model.init=random`` (the ``config.json`` shapes of
 ``conf/model/qwen*.yaml``), the real Qwen2.5 tokenizer and chat template and GSM8K prompts from
@@ -60,6 +61,9 @@ ROWS = {
     "0.5b_fp32_vllm": ["model=qwen0.5b", *FP32, *NO_CKPT, "rollout=vllm"],
     "0.5b_bf16_vllm": ["model=qwen0.5b", *BF16, *NO_CKPT, "rollout=vllm"],
     "0.5b_bf16_ddp2": ["model=qwen0.5b", *BF16, *NO_CKPT, "rollout=hf", "trainer=ddp", "trainer.devices=2"],
+    "0.5b_fp32_ddp2": ["model=qwen0.5b", *FP32, *NO_CKPT, "rollout=hf", "trainer=ddp", "trainer.devices=2"],
+    "0.5b_fp32_async": ["model=qwen0.5b", *FP32, *NO_CKPT, "rollout=hf", "algo=grpo_offpolicy",
+                        "algo.steps_per_generation=1", "rollout.async_generation=true"],
     "1.5b_lora16_bf16_ckpt": ["model=qwen1.5b", *BF16, "model.gradient_checkpointing=true", "model.lora.r=16",
                               "rollout=hf"],
     "0.5b_bf16_async": ["model=qwen0.5b", *BF16, *NO_CKPT, "rollout=hf", "algo=grpo_offpolicy",
@@ -104,13 +108,13 @@ def matmul_params(arch: dict) -> int:
 QUICK = ["model.architecture.num_hidden_layers=1", "algo.max_completion_length=8"]
 
 
-def run_row(name: str, python: str, steps: int, out: Path, quick: bool = False) -> dict:
+def run_row(name: str, python: str, steps: int, out: Path, quick: bool = False, extra: tuple[str, ...] = ()) -> dict:
     """Run one row in a fresh process; return its measurements (see the module docstring)."""
     import pandas as pd
     import psutil
     from omegaconf import OmegaConf
 
-    overrides = [*COMMON, *ROWS[name], *(QUICK if quick else []), f"trainer.max_steps={steps}",
+    overrides = [*COMMON, *ROWS[name], *(QUICK if quick else []), *extra, f"trainer.max_steps={steps}",
                  f"hydra.run.dir={out}"]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     load_before = os.getloadavg()
@@ -171,6 +175,8 @@ def main() -> None:
                         help="interpreter for the rollout=vllm rows (an environment with vLLM)")
     parser.add_argument("--matmul-only", action="store_true")
     parser.add_argument("--quick", action="store_true", help="one decoder layer, 8 tokens: checks the script")
+    parser.add_argument("--extra", nargs="*", default=[], help="Hydra overrides added to every row, e.g. "
+                        "malloc_mmap_threshold=null (glibc's dynamic default)")
     args = parser.parse_args()
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     base = ROOT / "benchmarks" / "results" / f"real_shapes_{stamp}"
@@ -187,7 +193,8 @@ def main() -> None:
     results = []
     for name in ([] if args.matmul_only else args.rows):
         python = args.vllm_python if name in VLLM_ROWS else args.python
-        row = run_row(name, python, args.steps, base / name, args.quick)
+        row = run_row(name, python, args.steps, base / name, args.quick, tuple(args.extra))
+        row["extra"] = list(args.extra)
         kind = "bfloat16" if row["dtype"] == "bfloat16" else "float32"
         row["gen_peak_frac"] = round(row["gen_flop_s"] / peaks[f"{kind}_decode"], 3) if row["gen_flop_s"] else None
         row["train_peak_frac"] = round(row["train_flop_s"] / peaks[f"{kind}_train"], 3)

@@ -34,6 +34,9 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     with report_user_errors("train.py"):
+        from grpolab.malloc import set_mmap_threshold
+
+        set_mmap_threshold(cfg.get("malloc_mmap_threshold"))  # before torch allocates (every DDP rank re-runs this)
         # torch after the override check (a misspelt key is refused in a second), Lightning after every other check
         from grpolab.plan_check import print_plan, wants_plan_only
         from grpolab.preflight import task_wrapper

@@ -144,12 +144,12 @@ def test_capacity_and_index_errors():
 
 @pytest.mark.parametrize("rollout", ["hf", "hf_copy"])
 def test_the_setting_reaches_the_engine(tmp_path, rollout):
+    from conftest import FAST_OVERRIDES, compose_train_cfg
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from grpolab.config import GRPOConfig
     from grpolab.rollout.settings import resolve_rollout
-    from conftest import FAST_OVERRIDES, compose_train_cfg
 
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, f"rollout={rollout}"])
     assert cfg.rollout.cache_implementation == "dynamic"  # the default: not faster on this CPU (docs/scale-out.md)

@@ -1,0 +1,83 @@
+"""glibc's mmap threshold for a run: freed tensors go back to the OS instead of staying resident in the heap.
+
+glibc serves an allocation above its mmap threshold with its own ``mmap`` (returned to the OS on ``free``) and a
+smaller one from the heap (kept resident after ``free`` unless it sits at the heap's top). The threshold starts
+at 128 KiB but is *dynamic*: each time a mapped block is freed, glibc raises it to that block's size (up to
+32 MiB on 64-bit). After the first training step most weight-gradient, optimizer and activation tensors of a
+small model (a few MiB each at Qwen2.5-0.5B widths) therefore come from the heap, and its freed holes stay
+resident: measured 130-156 MiB per 0.5B-width decoder layer after a bf16 step against 86 with a fixed
+threshold (weights + AdamW states: 85), ``benchmarks/malloc_retention.py``.
+
+``malloc_mmap_threshold`` in ``conf/train.yaml`` (default null: glibc's dynamic threshold, faster; 131072 is
+glibc's own starting value) fixes it with
+``mallopt(M_MMAP_THRESHOLD, ...)``, which also turns the dynamic adjustment off, and exports
+``MALLOC_MMAP_THRESHOLD_`` so the run's child processes (DDP ranks, a vLLM engine core or server) start with it.
+``null`` keeps glibc's default. Elsewhere (macOS, musl, Windows) it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import sys
+
+from grpolab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+M_MMAP_THRESHOLD = -3          # glibc's <malloc.h>
+MAX_THRESHOLD = 32 << 20       # glibc's HEAP_MAX / DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: mallopt refuses more
+ENV = "MALLOC_MMAP_THRESHOLD_"
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The process's C library when it is glibc (it exports ``gnu_get_libc_version``), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
+        return None  # musl (Alpine) and others: their allocators have no such threshold
+    return libc
+
+
+def check_mmap_threshold(setting: object) -> int | None:
+    """``malloc_mmap_threshold``: None, or an int in bytes in [0, 32 MiB].
+
+    Raises:
+        ConfigError: naming ``malloc_mmap_threshold`` for anything else.
+    """
+    if setting is None:
+        return None
+    if isinstance(setting, bool) or not isinstance(setting, int) or not 0 <= setting <= MAX_THRESHOLD:
+        raise ConfigError(f"malloc_mmap_threshold must be null (glibc's dynamic default) or bytes in "
+                          f"0..{MAX_THRESHOLD}, got {setting!r}: e.g. malloc_mmap_threshold=131072")
+    return setting
+
+
+def set_mmap_threshold(setting: object) -> bool:
+    """Fix glibc's mmap threshold at ``setting`` bytes in this process and export it to child processes.
+
+    Returns:
+        True when it was set; False for ``None`` or a C library other than glibc (nothing is changed).
+
+    Raises:
+        ConfigError: for a setting that is neither None nor bytes in [0, 32 MiB].
+    """
+    threshold = check_mmap_threshold(setting)
+    if threshold is None:
+        return False
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    if libc.mallopt(M_MMAP_THRESHOLD, threshold) != 1:
+        log.warning("mallopt(M_MMAP_THRESHOLD, %d) failed; glibc keeps its dynamic threshold", threshold)
+        return False
+    os.environ.setdefault(ENV, str(threshold))  # DDP ranks, vLLM engine cores and servers start with it
+    return True
