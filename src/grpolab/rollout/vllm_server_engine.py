@@ -27,6 +27,7 @@ weights the trainer's log-probs are compared with, and a merged push costs the s
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import importlib.util
 import tempfile
 import threading
@@ -49,6 +50,17 @@ from grpolab.rollout.vllm_server_push import FilePush, NcclPush
 
 SERVED_NAME = "grpolab-policy"
 STARTUP_CHECKS = 2  # pushes followed by the log-prob probe: the start-up load, and the first reload
+
+
+def _probe_from_rank0(probe: Any, prompts: list[list[int]], temperature: float,
+                      max_tokens: int) -> list[tuple[list[int], list[float]]]:
+    """Rank 0's ``probe(prompts, temperature, max_tokens)`` (the server's samples and log-probs), on every rank: a
+    collective (``broadcast_object_list``); ``probe`` is None on the other ranks."""
+    import torch.distributed as dist
+
+    box = [probe(prompts, temperature, max_tokens) if probe is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _rank_world() -> tuple[int, int]:
@@ -268,9 +280,21 @@ class VLLMServerEngine(GenerationEngine):
             _barrier(self.settings.push_timeout_s)
         self._label = label
         self.weight_pushes += 1
-        if rank == 0 and self._checks_left > 0 and check:
-            self._checks_left -= 1
-            check_push(self, model, sample=self._probe, what=f"the vLLM server at {self.client.url}")
+        if self._checks_left > 0 and check:
+            self._check(model, rank, world)
+
+    def _check(self, model: Any, rank: int, world: int) -> None:
+        """The probe of the first pushes (:func:`~grpolab.rollout.vllm_check.check_push`): rank 0 asks the server.
+        Under FSDP the trainer's forward is a collective, so every rank runs it on the probe rank 0 received
+        (broadcast); otherwise rank 0 checks alone."""
+        from grpolab.distributed import is_sharded
+
+        sharded = world > 1 and is_sharded(model)
+        if rank != 0 and not sharded:
+            return
+        self._checks_left -= 1
+        sample = self._probe if not sharded else functools.partial(_probe_from_rank0, self._probe if rank == 0 else None)
+        check_push(self, model, sample=sample, what=f"the vLLM server at {self.client.url}")
 
     def _transport_push(self, state: dict[str, torch.Tensor], label: str) -> None:
         try:
