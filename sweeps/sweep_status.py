@@ -10,8 +10,8 @@ from the sweep's grid::
     python sweeps/sweep_status.py $S --csv sweeps/results/corrections_small_default.csv   # keep the results
 
 Extra ``key=value`` arguments are passed to the composition of the sweep (the grid itself). ``--csv`` appends one
-row per finished job (:data:`COLUMNS`, from its ``summary.json``) to a results file, skipping the (arm, seed)
-pairs it already holds: the record of a screen run over several days on machines that do not keep their folders.
+row per finished job (:data:`COLUMNS`, from its ``summary.json``) to a results file, skipping the (arm, seed,
+val_accuracy_start) rows it already holds: the record of a screen run over several days on machines that do not keep their folders.
 """
 
 from __future__ import annotations
@@ -63,10 +63,12 @@ COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val
 
 
 def append_results(sweep: Path, keys: list[str], out: Path) -> int:
-    """Append a :data:`COLUMNS` row to ``out`` for every finished job under ``sweep`` whose (arm, seed) it lacks
+    """Append a :data:`COLUMNS` row to ``out`` for every finished job under ``sweep`` whose (arm, seed, val_accuracy_start) it lacks
     (``arm`` is the value of the grid's first key). Returns the number of rows added."""
     rows = list(csv.DictReader(out.open())) if out.exists() else []
-    have = {(r["arm"], str(r["seed"])) for r in rows}
+    # a row is one (arm, seed) from one starting model: the warm start's floats differ between CPUs (its held-out
+    # accuracy at step 0, val_accuracy_start, tells them apart), so a rerun on another machine is kept beside it
+    have = {(r["arm"], str(r["seed"]), str(r["val_accuracy_start"] or "")) for r in rows}
     added = 0
     for path in sorted(sweep.rglob(".hydra/overrides.yaml")):
         values = dict(o.split("=", 1) for o in yaml.safe_load(path.read_text()) or [] if "=" in o)
@@ -74,11 +76,11 @@ def append_results(sweep: Path, keys: list[str], out: Path) -> int:
         if not summary_path.exists():
             continue
         summary = json.loads(summary_path.read_text())
-        arm, seed = values.get(keys[0], ""), str(summary.get("seed"))
-        if summary.get("interrupted") or (arm, seed) in have:
+        arm, seed, start = values.get(keys[0], ""), str(summary.get("seed")), str(summary.get("val_accuracy_start") or "")
+        if summary.get("interrupted") or (arm, seed, start) in have:
             continue
         rows.append({"arm": arm, **{c: summary.get(c) for c in COLUMNS if c != "arm"}})
-        have.add((arm, seed))
+        have.add((arm, seed, start))
         added += 1
     with out.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
