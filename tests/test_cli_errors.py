@@ -89,6 +89,8 @@ def test_the_env_var_brings_the_traceback_back(runs):
     ("model.lora.r=4 algo.ref_refresh_every=5", ConfigError, r"set algo\.ref_refresh_every=null, or model\.lora\.r=null"),
     ("+algo.epsilonn=0.3", ConfigError, r"algo\.epsilonn \(did you mean algo\.epsilon or algo\.epsilon_high\?\)"),
     ("algo.num_generations=1", ConfigError, r"algo\.num_generations must be >= 2"),
+    ("rollout.cache_implementation=foo", ConfigError, r"rollout\.cache_implementation must be one of dynamic, "
+                                                      r"preallocated, got 'foo'"),
     ("model=qwen0.5b model.path=/nonexistent/model plan.check=false", ConfigPathError,
      r"model\.path=/nonexistent/model: the folder does not exist.*give an existing Hugging Face model folder"),
 ])

@@ -182,6 +182,17 @@ def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
     return p
 
 
+def load_checkpoint(path: str | Path) -> Any:
+    """A Lightning checkpoint, memory-mapped (its header and small entries are read, not the weights); a legacy
+    (non-zip) file, which cannot be memory-mapped, is read whole."""
+    import torch
+
+    try:
+        return torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False, mmap=True)
+    except RuntimeError:
+        return torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False)
+
+
 def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path") -> int:
     """Refuse a resume whose ``trainer.max_steps`` the checkpoint has already reached (it would train nothing).
 
@@ -193,12 +204,7 @@ def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path")
     Raises:
         ValueError: naming ``trainer.max_steps``, the checkpoint's step and the fix (a larger ``trainer.max_steps``).
     """
-    import torch
-
-    try:
-        ckpt = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-        ckpt = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint(path)
     step = int(ckpt.get("global_step", 0)) if isinstance(ckpt, dict) else 0
     if isinstance(max_steps, int) and max_steps >= 0 and step >= max_steps:
         raise ConfigError(f"trainer.max_steps={max_steps} is already reached by {key}={path} (step {step}): nothing "

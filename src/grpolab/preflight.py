@@ -29,6 +29,7 @@ from grpolab.config_checks import (
     check_required,
     check_resume_steps,
     check_types,
+    load_checkpoint,
 )
 from grpolab.distributed import check_trainer
 from grpolab.errors import ConfigError
@@ -36,6 +37,7 @@ from grpolab.evaluation.final import check_final_eval
 from grpolab.lora import LoraSettings, validate_lora
 from grpolab.plan_check import check_memory_plan
 from grpolab.rollout.engine import GenerationEngine
+from grpolab.rollout.kv_cache import CACHE_IMPLEMENTATIONS
 from grpolab.rollout.resume import resume_conflicts
 from grpolab.rollout.settings import RolloutSettings, resolve_rollout
 
@@ -77,6 +79,10 @@ def preflight(cfg: DictConfig) -> Checked:
         check_checkpoint(cfg.ckpt_path)
         check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
     engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
+    cache = engine_args.get("cache_implementation", "dynamic")
+    if cache not in CACHE_IMPLEMENTATIONS:  # the HF engines' decode-loop KV cache
+        raise ConfigError(f"rollout.cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)}, got "
+                          f"{cache!r}: e.g. rollout.cache_implementation=dynamic")
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_final_eval(cfg.get("final_eval"))
@@ -105,15 +111,10 @@ def check_saved_rollout(path: str, algo: GRPOConfig, trainer: Any, drop_buffer: 
     Raises:
         ConfigError: listing the conflicts and naming ``resume_drop_buffer``.
     """
-    import torch
-
     world = planned_world_size(trainer)
     if world is None:
         return
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint(path)
     state = ckpt.get(DATAMODULE_STATE_KEY) if isinstance(ckpt, dict) else None  # Lightning: keyed by class name
     if isinstance(state, dict):
         resume_conflicts(state, algo, world, drop_buffer)
