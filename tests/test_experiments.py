@@ -13,7 +13,7 @@ from grpolab.config import GRPOConfig
 
 EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "conf" / "experiment").glob("*.yaml"))
 # The paper's setups (GPU, pretrained models, the paper's knobs marked UNVERIFIED); `smoke` is a CPU check of
-# the install and is tested in test_cli.py.
+# the install and runs in test_quickstart.py (the README's step 2).
 PAPER_EXPERIMENTS = [name for name in EXPERIMENTS if name.startswith("paper_")]
 ALGOS = ["grpo_onpolicy", "grpo_offpolicy", "grpo_reuse"]
 

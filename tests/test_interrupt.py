@@ -26,7 +26,9 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1
 
 
 def _cmd(out: Path, *overrides: str) -> list[str]:
-    return [sys.executable, str(REPO_ROOT / "src" / "train.py"), *COMMON, f"hydra.run.dir={out}", *overrides]
+    keys = {o.split("=")[0] for o in overrides}  # an override replaces COMMON's value of its key
+    common = [o for o in COMMON if o.split("=")[0] not in keys]
+    return [sys.executable, str(REPO_ROOT / "src" / "train.py"), *common, f"hydra.run.dir={out}", *overrides]
 
 
 def _train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -68,7 +70,8 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
-def _check_interrupted_then_resume(reference: Path, out: Path, rc: int, output: str, sig: signal.Signals) -> None:
+def _check_interrupted(out: Path, rc: int, output: str, sig: signal.Signals) -> Path:
+    """The interrupted run's exit status, summary, checkpoint and policy; returns the checkpoint."""
     assert rc == 128 + sig, output[-3000:]  # 130 for SIGINT, 143 for SIGTERM
     ckpt = out / "checkpoints" / "last.ckpt"
     summary = json.loads((out / "summary.json").read_text())
@@ -77,13 +80,7 @@ def _check_interrupted_then_resume(reference: Path, out: Path, rc: int, output: 
     assert 0 < step < TOTAL, step
     assert torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] == step  # the step reached
     assert (out / "policy" / "model.safetensors").exists()
-    # resumed to the reference's length: bit for bit the uninterrupted run's weights
-    resumed = out.parent / f"{out.name}_resumed"
-    res = _train(resumed, f"trainer.max_steps={TOTAL}", f"ckpt_path={ckpt}")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads((resumed / "summary.json").read_text())["steps"] == TOTAL
-    a, b = _policy(reference), _policy(resumed)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return ckpt
 
 
 @pytest.mark.slow
@@ -91,14 +88,28 @@ def test_ctrl_c_to_the_process_group_saves_a_resumable_checkpoint_and_exits_130(
     out = tmp_path / "sigint"
     rc, output = _interrupt(out, signal.SIGINT, group=True)
     assert "SIGINT received: stopping after the current training step" in output
-    _check_interrupted_then_resume(reference, out, rc, output, signal.SIGINT)
+    ckpt = _check_interrupted(out, rc, output, signal.SIGINT)
+    # resumed to the reference's length: bit for bit the uninterrupted run's weights. With the progress bar on, as
+    # a user sees it: Lightning skips on_train_epoch_start when resuming mid-epoch, and the bar still counts n/TOTAL.
+    resumed = tmp_path / "sigint_resumed"
+    res = _train(resumed, f"trainer.max_steps={TOTAL}", f"ckpt_path={ckpt}", "trainer.enable_progress_bar=true")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((resumed / "summary.json").read_text())["steps"] == TOTAL
+    a, b = _policy(reference), _policy(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    bar = [line for line in res.stdout.replace("\r", "\n").splitlines() if line.startswith("GRPO step")]
+    assert bar and f"{TOTAL}/{TOTAL}" in bar[-1], res.stdout[-2000:]
+    assert all(f"/{TOTAL} " in line for line in bar[1:]), bar  # bar[0]: drawn by Lightning when it creates the bar
 
 
 @pytest.mark.slow
 def test_sigterm_to_the_process_saves_a_resumable_checkpoint_and_exits_143(reference, tmp_path):
+    """SIGTERM goes through the same stop-at-the-step-boundary path as Ctrl-C (whose checkpoint the test above
+    resumes bit for bit); here: the process alone gets it, exits 143 and saves the step it reached."""
     out = tmp_path / "sigterm"
     rc, output = _interrupt(out, signal.SIGTERM, group=False)
-    _check_interrupted_then_resume(reference, out, rc, output, signal.SIGTERM)
+    assert "SIGTERM received: stopping after the current training step" in output
+    _check_interrupted(out, rc, output, signal.SIGTERM)
 
 
 def test_resume_past_max_steps_says_so_and_how_to_continue(reference, tmp_path):

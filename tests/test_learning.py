@@ -1,7 +1,13 @@
 """GRPO actually learns the embedded task: held-out accuracy and training reward rise.
 
-This is the slowest test (a real warm start, then 150 GRPO steps; about 2-3 minutes on 2 CPU cores).
+This is the slowest test: 150 GRPO steps from the default warm start. The warm start comes from the user's cache
+(``GRPOLAB_CACHE`` or ``~/.cache/grpolab``), exactly as ``python src/train.py`` finds it: the first run on a machine
+builds it (about 80 s on 2 CPU cores; the build itself is tested small in tests/test_warmstart.py), every later
+run loads it. The GRPO part takes about 45 s.
 """
+
+import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,6 +23,7 @@ def test_onpolicy_grpo_raises_heldout_accuracy_on_the_embedded_task(tmp_path):
                                        "trainer.enable_progress_bar=false", "save_policy=false"])
     with open_dict(cfg):
         cfg.data.val_size = 128  # a tighter estimate of held-out accuracy (512 samples)
+        cfg.paths.cache_dir = os.environ.get("GRPOLAB_CACHE") or str(Path.home() / ".cache" / "grpolab")  # conf/paths
     summary = run_training(cfg)
     start, end = summary["val_accuracy_start"], summary["val_accuracy_end"]
     assert 0.1 < start < 0.5, f"the warm start should land near its 0.25 target, got {start}"

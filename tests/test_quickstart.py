@@ -8,6 +8,7 @@ only parsed (``bash -n``): the environment running the tests is already installe
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -67,3 +68,9 @@ def test_every_quickstart_block_runs_in_a_real_shell(tmp_path):
     assert list(repo.glob("outputs/smoke/*/summary.json")) and list(repo.glob("outputs/eval/*/eval.json"))
     assert len(list(repo.glob("outputs/train/*/summary.json"))) == 2  # the default run and its resume
     assert list(repo.glob("multirun/compare/*/figures/*.png"))
+    # the Hydra multirun of step 6: one job per (algo, seed), each with its own schedule (2 steps here)
+    compare = [json.loads(p.read_text()) for p in repo.glob("multirun/compare/*/*/summary.json")]
+    assert sorted((s["algo"], s["seed"]) for s in compare) == [
+        ("grpo_offpolicy", 0), ("grpo_offpolicy", 1), ("grpo_onpolicy", 0), ("grpo_onpolicy", 1)]
+    for s in compare:  # k=1 refreshes the sampler every step; k=10 once in 2 steps
+        assert s["steps"] == 2 and s["sampler_refreshes"] == (2 if s["algo"] == "grpo_onpolicy" else 1)

@@ -7,7 +7,11 @@ import os
 
 import pytest
 import torch
+from conftest import FAST_OVERRIDES, compose_train_cfg
 from ddp_helpers import COMMON, _weights, train
+
+from grpolab.errors import ConfigError
+from grpolab.preflight import preflight
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
 
@@ -44,8 +48,10 @@ def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollou
     if "rollout.refresh=adaptive" in rollout:  # the ranks' averaged drift ended a buffer early, alike on resume
         sa, sb = (json.loads((d / "summary.json").read_text()) for d in (full, resumed))
         assert sa["drift_refreshes"] >= 1 and sb["drift_refresh_steps"] == sa["drift_refresh_steps"]
-    if not rollout:  # one process cannot take over two ranks' buffers: refused, naming the way out
-        single = [o for o in common if o not in ("trainer=ddp", "trainer.devices=2")]
-        res = train(tmp_path / "single", *single, f"ckpt_path={full / 'checkpoints' / 'step1.ckpt'}")
-        assert res.returncode != 0
-        assert "rank buffers in the checkpoint: 2, processes now: 1" in res.stderr and "resume_drop_buffer" in res.stderr
+    if not rollout:  # one process cannot take over two ranks' buffers: refused before any model, naming the way out
+        single = [o for o in common if o not in ("trainer=ddp", "trainer.devices=2") and "callbacks.audit" not in o]
+        cfg = compose_train_cfg(tmp_path / "single", [*FAST_OVERRIDES, *single,
+                                                      f"ckpt_path={full / 'checkpoints' / 'step1.ckpt'}"])
+        with pytest.raises(ConfigError, match=r"rank buffers in the checkpoint: 2, processes now: 1.*resume_drop_buffer"):
+            preflight(cfg)  # what src/train.py runs first (tests/test_cli_errors.py: one line, exit 2)
+        assert not (tmp_path / "single" / "cache").exists()  # nothing was built
