@@ -21,14 +21,11 @@ from grpolab.run import build
 VLLM_ASYNC_IS = ["rollout=vllm", "rollout.async_generation=true", "algo.vllm_importance_sampling_correction=true"]
 
 # name -> (script, arguments, extra environment, what the last stderr line must contain). One case per way a user
-# error reaches the command line (a config check, a multi-line message, Hydra's own parsing, the eval entry point);
-# every other check is asserted in process below, through the same preflight.
+# error reaches the command line (a config check, Hydra's own parsing, the eval entry point); every other check,
+# and the one line a multi-line message becomes, is asserted in process below, through the same preflight.
 CASES = {
     "wrong_type": ("src/train.py", ["trainer.max_steps=abc"], {},
                    ["train.py: error: trainer.max_steps must be an integer, got 'abc'"]),
-    "combination": ("src/train.py", VLLM_ASYNC_IS, {},
-                    ["rollout.async_generation=true", "set rollout.recompute_sampler_logp=false and "
-                     "algo.vllm_importance_sampling_correction=false, or rollout.async_generation=false"]),
     "typo": ("src/train.py", ["algo.epsilonn=0.3"], {},
              ["algo.epsilonn is not a key of the config; did you mean algo.epsilon"]),
     "typo_multirun": ("src/train.py", ["-m", "seed=0,1", "algo.epsilonn=0.1,0.2", "trainer.zzzzqq=1"], {},
@@ -100,6 +97,17 @@ def test_paths_and_combinations_are_config_errors_before_any_model(tmp_path, ove
     cfg = compose_train_cfg(tmp_path, [*fast, *data, *override.split()])
     with pytest.raises(cls, match=message):
         build(cfg)
+    assert not (tmp_path / "cache").exists()  # nothing was built
+
+
+def test_a_multi_line_combination_error_becomes_one_line(tmp_path):
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *VLLM_ASYNC_IS])
+    with pytest.raises(ConfigError) as err:
+        build(cfg)
+    line = one_line(str(err.value))  # what report_user_errors prints after "train.py: error: "
+    assert "\n" not in line and "rollout.async_generation=true" in line
+    assert ("set rollout.recompute_sampler_logp=false and algo.vllm_importance_sampling_correction=false, or "
+            "rollout.async_generation=false") in line
     assert not (tmp_path / "cache").exists()  # nothing was built
 
 
