@@ -96,3 +96,17 @@ def test_the_async_default_confirmation_is_grpo_async_against_onpolicy_at_1000_s
     assert cfg.trainer.max_steps == 1000 and cfg.final_eval.num_samples == 16 and cfg.data.test_size == 1024
     assert (algo.name, algo.steps_per_generation, algo.clip_mode, cfg.rollout.async_generation) == (
         "grpo_async", 1, "ppo", True)
+
+
+def test_the_confirmation_is_async_defaults_settings_with_the_screens_best_arms():
+    base = compose_sweep("async_default", [])
+    cfg = compose_sweep("corrections_confirm", [])
+    assert grid(cfg) == {"correction_arm": ["onpolicy", "grpo_async", "k10_offpolicy_grpo", "k10_ppo", "k4_ppo"],
+                         "seed": ["0", "1", "2", "3", "4"]}
+    for key in ("trainer", "final_eval", "data", "model", "callbacks"):  # async_default's rows are this grid's too
+        assert OmegaConf.to_container(cfg[key]) == OmegaConf.to_container(base[key]), key
+    for arm, want in [("k10_ppo", (10, "ppo")), ("k4_ppo", (4, "ppo")), ("k10_offpolicy_grpo", (10, "offpolicy_grpo"))]:
+        arm_cfg = compose_sweep("corrections_confirm", [f"correction_arm={arm}"])
+        algo = GRPOConfig.from_dict(OmegaConf.to_container(arm_cfg.algo, resolve=True))
+        assert (algo.steps_per_generation, algo.clip_mode, algo.num_iterations) == (*want, 1)
+        assert algo.learning_rate == 1e-4 and arm_cfg.trainer.max_steps == 1000
