@@ -110,3 +110,16 @@ def test_the_confirmation_is_async_defaults_settings_with_the_screens_best_arms(
         algo = GRPOConfig.from_dict(OmegaConf.to_container(arm_cfg.algo, resolve=True))
         assert (algo.steps_per_generation, algo.clip_mode, algo.num_iterations) == (*want, 1)
         assert algo.learning_rate == 1e-4 and arm_cfg.trainer.max_steps == 1000
+
+
+def test_the_areal_sweep_is_the_screens_clip_arms_at_two_iterations():
+    cfg = compose_sweep("corrections_i2", [])
+    assert grid(cfg)["correction_arm"] == ["onpolicy", "k10_offpolicy_grpo", "k10_ppo", "k10_decoupled_ppo",
+                                           "k10_decoupled_loglinear"]
+    for arm in grid(cfg)["correction_arm"]:
+        i2 = compose_sweep("corrections_i2", [f"correction_arm={arm}"])
+        cli = compose_sweep("corrections_small", [f"correction_arm={arm}", "task_name=corrections_i2",
+                                                  "algo.num_iterations=2"])
+        assert OmegaConf.to_container(i2.algo) == OmegaConf.to_container(cli.algo)  # what the runs used
+        algo = GRPOConfig.from_dict(OmegaConf.to_container(i2.algo, resolve=True))
+        assert algo.num_iterations == 2 and algo.clip_mode == ARMS[arm][1] and algo.steps_per_generation == ARMS[arm][0]
