@@ -21,21 +21,22 @@ from collections import defaultdict
 
 
 def summarize(rows: list[dict], metric: str = "test_mean_at_16") -> dict[str, dict]:
-    """Per arm: ``seeds`` (sorted), ``values`` (in seed order), ``mean`` and ``se`` (None for one seed).
+    """Per arm: ``seeds`` (sorted; a seed run on two machines appears twice), ``values`` (in seed order), ``mean``
+    and ``se`` (None for one run).
 
     Raises:
         ValueError: naming the CSV row (1-based, after the header) whose ``metric`` is not a number.
     """
-    by_arm: dict[str, dict[int, float]] = defaultdict(dict)
+    by_arm: dict[str, list[tuple[int, float]]] = defaultdict(list)  # a seed run on two machines counts twice
     for i, row in enumerate(rows, start=1):
         try:
-            by_arm[row["arm"]][int(row["seed"])] = float(row[metric])
+            by_arm[row["arm"]].append((int(row["seed"]), float(row[metric])))
         except (KeyError, ValueError) as err:
             raise ValueError(f"row {i} ({row.get('arm')}, seed {row.get('seed')}): {metric} is not a number") from err
     out = {}
-    for arm, per_seed in by_arm.items():
-        seeds = sorted(per_seed)
-        values = [per_seed[s] for s in seeds]
+    for arm, runs in by_arm.items():
+        runs.sort(key=lambda r: r[0])
+        seeds, values = [r[0] for r in runs], [r[1] for r in runs]
         se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
         out[arm] = {"seeds": seeds, "values": values, "mean": statistics.fmean(values), "se": se}
     return out

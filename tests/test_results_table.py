@@ -38,7 +38,10 @@ def test_mean_se_and_difference_by_hand(tmp_path, capsys):
 def test_pooled_machines_are_named_and_a_bad_row_is_named(tmp_path, capsys):
     path = _write(tmp_path / "r.csv", [("a", 0, 0.3, 0.297), ("a", 1, 0.4, 0.316)])
     results_table.main([str(path)])
-    assert "2 warm starts pooled" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 warm starts pooled" in out and "| `a` | 0, 1 | 0.300 / 0.400 | 0.350 |" in out  # both machines' rows
+    results_table.main([str(_write(tmp_path / "twice.csv", [("a", 0, 0.3, 0.297), ("a", 0, 0.5, 0.316)]))])
+    assert "| `a` | 0, 0 | 0.300 / 0.500 | 0.400 |" in capsys.readouterr().out  # one seed on two machines: kept twice
     with pytest.raises(SystemExit, match=r"no row has val_accuracy_start 0.5; the CSV has \[0.297, 0.316\]"):
         results_table.main([str(path), "--start", "0.5"])
     with pytest.raises(ValueError, match=r"row 2 \(a, seed 1\): test_mean_at_16 is not a number"):
