@@ -1,13 +1,14 @@
 """The markdown table of a results CSV (``sweep_status.py --csv``): one row per arm, best first.
 
     python sweeps/results_table.py sweeps/results/corrections_small_default.csv --start 0.297 --vs onpolicy
+    python sweeps/results_table.py sweeps/results/async_default.csv sweeps/results/corrections_confirm_default.csv
 
 Each row: the arm, its seeds, the final test mean@16 per seed (in seed order), the mean over seeds and its
 standard error (sample standard deviation / sqrt(n); "-" for one seed). ``--vs ARM`` adds the difference of the
 means to that arm with the standard error of the difference (sqrt(se_a^2 + se_b^2)). A CSV holds rows from
 several machines, told apart by ``val_accuracy_start`` (another machine computes another warm start):
 ``--start`` keeps the rows whose value rounds to it (3 decimals); without it every machine's rows are pooled and
-the table says so.
+the table says so. Several CSVs are read as one (a grid whose arms were run by two sweeps with the same settings).
 """
 
 from __future__ import annotations
@@ -64,13 +65,15 @@ def markdown(stats: dict[str, dict], vs: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("csv")
+    p.add_argument("csv", nargs="+")
     p.add_argument("--start", type=float, help="keep the rows of this val_accuracy_start (one machine's warm start)")
     p.add_argument("--vs", help="an arm to compare every other arm with")
     p.add_argument("--metric", default="test_mean_at_16")
     args = p.parse_args(argv)
-    with open(args.csv) as fh:
-        rows = list(csv.DictReader(fh))
+    rows = []
+    for path in args.csv:
+        with open(path) as fh:
+            rows += list(csv.DictReader(fh))
     starts = sorted({round(float(r["val_accuracy_start"]), 3) for r in rows})
     if args.start is not None:
         rows = [r for r in rows if round(float(r["val_accuracy_start"]), 3) == round(args.start, 3)]

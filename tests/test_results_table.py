@@ -27,7 +27,8 @@ def _write(path, rows):
 def test_mean_se_and_difference_by_hand(tmp_path, capsys):
     rows = [("a", 1, 0.5, 0.297), ("a", 0, 0.3, 0.297), ("b", 0, 0.2, 0.297), ("b", 1, 0.2, 0.297),
             ("b", 2, 0.5, 0.297), ("a", 0, 0.9, 0.316)]  # another machine's warm start: dropped by --start
-    results_table.main([str(_write(tmp_path / "r.csv", rows)), "--start", "0.297", "--vs", "b"])
+    a, b = _write(tmp_path / "a.csv", rows[:2]), _write(tmp_path / "b.csv", rows[2:])  # two sweeps' files, one table
+    results_table.main([str(a), str(b), "--start", "0.297", "--vs", "b"])
     out = capsys.readouterr().out.splitlines()
     se_a = math.sqrt(((0.3 - 0.4) ** 2 + (0.5 - 0.4) ** 2) / 1) / math.sqrt(2)  # 0.0707
     se_b = math.sqrt(((0.2 - 0.3) ** 2 * 2 + (0.5 - 0.3) ** 2) / 2) / math.sqrt(3)  # 0.1
