@@ -61,9 +61,9 @@ def exact_reward():
     return Verifier({"exact": ExactMatchVerifier()})
 
 
-def compose_train_cfg(output_dir: Path, overrides: list[str], config_name: str = "train"):
+def compose_train_cfg(output_dir: Path, overrides: list[str], config_name: str = "train", own_cache: bool = True):
     """Compose conf/<config_name>.yaml as src/train.py (or src/eval.py) would, with the run folder set to
-    ``output_dir``."""
+    ``output_dir``; ``own_cache`` also points ``paths.cache_dir`` into it (False keeps conf/paths' user cache)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -75,7 +75,8 @@ def compose_train_cfg(output_dir: Path, overrides: list[str], config_name: str =
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         cfg.paths.output_dir = str(output_dir)
-        cfg.paths.cache_dir = str(output_dir / "cache")
+        if own_cache:
+            cfg.paths.cache_dir = str(output_dir / "cache")
     return cfg
 
 

@@ -3,11 +3,8 @@
 This is the slowest test: 150 GRPO steps from the default warm start. The warm start comes from the user's cache
 (``GRPOLAB_CACHE`` or ``~/.cache/grpolab``), exactly as ``python src/train.py`` finds it: the first run on a machine
 builds it (about 80 s on 2 CPU cores; the build itself is tested small in tests/test_warmstart.py), every later
-run loads it. The GRPO part takes about 45 s.
+run loads it. The GRPO part takes about 25 s.
 """
-
-import os
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -20,10 +17,9 @@ from grpolab.run import run_training
 @pytest.mark.slow
 def test_onpolicy_grpo_raises_heldout_accuracy_on_the_embedded_task(tmp_path):
     cfg = compose_train_cfg(tmp_path, ["trainer.max_steps=150", "trainer.val_check_interval=150",
-                                       "trainer.enable_progress_bar=false", "save_policy=false"])
+                                       "trainer.enable_progress_bar=false", "save_policy=false"], own_cache=False)
     with open_dict(cfg):
         cfg.data.val_size = 128  # a tighter estimate of held-out accuracy (512 samples)
-        cfg.paths.cache_dir = os.environ.get("GRPOLAB_CACHE") or str(Path.home() / ".cache" / "grpolab")  # conf/paths
     summary = run_training(cfg)
     start, end = summary["val_accuracy_start"], summary["val_accuracy_end"]
     assert 0.1 < start < 0.5, f"the warm start should land near its 0.25 target, got {start}"
