@@ -66,6 +66,8 @@ ROWS = {
                         "algo.steps_per_generation=1", "rollout.async_generation=true"],
     "1.5b_lora16_bf16_ckpt": ["model=qwen1.5b", *BF16, "model.gradient_checkpointing=true", "model.lora.r=16",
                               "rollout=hf"],
+    "1.5b_lora16_fp32_ckpt": ["model=qwen1.5b", *FP32, "model.gradient_checkpointing=true", "model.lora.r=16",
+                              "rollout=hf"],
     "0.5b_bf16_async": ["model=qwen0.5b", *BF16, *NO_CKPT, "rollout=hf", "algo=grpo_offpolicy",
                         "algo.steps_per_generation=1", "rollout.async_generation=true"],
 }
