@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
@@ -36,7 +36,8 @@ def main(cfg: DictConfig) -> float | None:
     with report_user_errors("train.py"):
         from grpolab.malloc import set_mmap_threshold
 
-        set_mmap_threshold(cfg.get("malloc_mmap_threshold"))  # before torch allocates (every DDP rank re-runs this)
+        # before torch allocates (every DDP rank re-runs this)
+        set_mmap_threshold(cfg.get("malloc_mmap_threshold"), OmegaConf.select(cfg, "model._target_"))
         # torch after the override check (a misspelt key is refused in a second), Lightning after every other check
         from grpolab.plan_check import print_plan, wants_plan_only
         from grpolab.preflight import task_wrapper

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import compose_train_cfg
+
 from grpolab.checkpoint_io import FileCheckpointIO
 
 SRC = Path(__file__).resolve().parents[1] / "src"

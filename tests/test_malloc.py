@@ -54,6 +54,11 @@ def test_setting_is_validated():
         with pytest.raises(ConfigError, match="malloc_mmap_threshold"):
             check_mmap_threshold(bad)
     assert set_mmap_threshold(None) is False  # null: glibc's default, nothing changed
+    # auto: the embedded tiny models keep glibc's default (speed), any other model gets a fixed threshold (memory)
+    assert check_mmap_threshold("auto", "grpolab.models.TinyCharModel") is None
+    assert check_mmap_threshold("auto", "grpolab.models.PretrainedModel") == 131072
+    assert check_mmap_threshold("auto", None) == 131072
+    assert set_mmap_threshold("auto", "grpolab.models.TinyQwenModel") is False
 
 
 @pytest.mark.skipif(_glibc() is None, reason="glibc only (elsewhere the setting is a no-op)")

@@ -8,11 +8,12 @@ small model (a few MiB each at Qwen2.5-0.5B widths) therefore come from the heap
 resident: measured 130-156 MiB per 0.5B-width decoder layer after a bf16 step against 86 with a fixed
 threshold (weights + AdamW states: 85), ``benchmarks/malloc_retention.py``.
 
-``malloc_mmap_threshold`` in ``conf/train.yaml`` (default null: glibc's dynamic threshold, faster; 131072 is
-glibc's own starting value) fixes it with
+``malloc_mmap_threshold`` in ``conf/train.yaml`` (default ``auto``: glibc's dynamic threshold for the embedded tiny
+models, faster, and 131072, glibc's own starting value, for every other model, so that the memory plan holds)
+fixes it with
 ``mallopt(M_MMAP_THRESHOLD, ...)``, which also turns the dynamic adjustment off, and exports
 ``MALLOC_MMAP_THRESHOLD_`` so the run's child processes (DDP ranks, a vLLM engine core or server) start with it.
-``null`` keeps glibc's default. Elsewhere (macOS, musl, Windows) it does nothing.
+``null`` keeps glibc's default (measured 8-31% less CPU per step, under load). Elsewhere (macOS, musl, Windows) it does nothing.
 """
 
 from __future__ import annotations
@@ -45,22 +46,37 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-def check_mmap_threshold(setting: object) -> int | None:
-    """``malloc_mmap_threshold``: None, or an int in bytes in [0, 32 MiB].
+# model targets that ``auto`` settings treat as the embedded ~1M-parameter models (also torch_threads=auto)
+SMALL_MODEL_TARGETS = ("grpolab.models.TinyCharModel", "grpolab.models.TinyQwenModel")
+AUTO_THRESHOLD = 128 << 10    # what ``auto`` fixes for models other than the embedded tiny ones (glibc's start value)
+
+
+def check_mmap_threshold(setting: object, model_target: str | None = None) -> int | None:
+    """``malloc_mmap_threshold`` resolved to None (glibc's dynamic default) or an int in bytes in [0, 32 MiB].
+
+    Args:
+        setting: None, bytes, or ``"auto"``: None for the embedded tiny models (their tensors are small and a
+            fixed threshold only costs CPU), :data:`AUTO_THRESHOLD` for every other model, whose activations
+            glibc's heap would otherwise keep resident beyond the memory plan (measured: a Qwen2.5-1.5B LoRA step
+            with gradient checkpointing peaked at 10.5 GiB under the dynamic threshold, 7.2 GiB fixed; plan 7.7).
+        model_target: ``model._target_`` of the run (read by ``auto``).
 
     Raises:
         ConfigError: naming ``malloc_mmap_threshold`` for anything else.
     """
     if setting is None:
         return None
+    if setting == "auto":
+        return None if model_target in SMALL_MODEL_TARGETS else AUTO_THRESHOLD
     if isinstance(setting, bool) or not isinstance(setting, int) or not 0 <= setting <= MAX_THRESHOLD:
-        raise ConfigError(f"malloc_mmap_threshold must be null (glibc's dynamic default) or bytes in "
+        raise ConfigError(f"malloc_mmap_threshold must be auto, null (glibc's dynamic default) or bytes in "
                           f"0..{MAX_THRESHOLD}, got {setting!r}: e.g. malloc_mmap_threshold=131072")
     return setting
 
 
-def set_mmap_threshold(setting: object) -> bool:
-    """Fix glibc's mmap threshold at ``setting`` bytes in this process and export it to child processes.
+def set_mmap_threshold(setting: object, model_target: str | None = None) -> bool:
+    """Fix glibc's mmap threshold at ``setting`` bytes (``auto``: :func:`check_mmap_threshold`) in this process and
+    export it to child processes.
 
     Returns:
         True when it was set; False for ``None`` or a C library other than glibc (nothing is changed).
@@ -68,7 +84,7 @@ def set_mmap_threshold(setting: object) -> bool:
     Raises:
         ConfigError: for a setting that is neither None nor bytes in [0, 32 MiB].
     """
-    threshold = check_mmap_threshold(setting)
+    threshold = check_mmap_threshold(setting, model_target)
     if threshold is None:
         return False
     libc = _glibc()

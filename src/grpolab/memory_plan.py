@@ -37,12 +37,16 @@ Checked against the eight rows of ``benchmarks/memory.py``'s 100M-parameter tabl
 -3% to +8% of each measured peak RSS, with 115 prompt tokens: the mean longest of two GSM8K prompts) and
 against a tiny training run's peak RSS in ``tests/core/test_memory_plan.py``.
 
-Ignored: the allocator's fragmentation and caching: the CUDA caching allocator; glibc's heap. By default
-(``malloc_mmap_threshold=null``) glibc raises its mmap threshold (up to 32 MiB) and serves tensors under it from
-the heap, whose freed holes stay resident: not planned (``malloc_mmap_threshold=131072`` fixes the threshold,
-:mod:`grpolab.malloc`) (a tiny
-model's training step with 20 MiB logit rows measured 20% above the plan, 1% with a fixed threshold; 45-70 MiB
-per 0.5B-width bf16 layer after a step, ``benchmarks/malloc_retention.py``). Also ignored: the CUDA context beyond ``RUNTIME_BYTES``, attention score matrices (sdpa's fused kernels do not materialise them for GQA
+Checkpoint saves add nothing: :class:`grpolab.checkpoint_io.FileCheckpointIO` (``trainer.plugins``) streams
+them to disk (Lightning's own ``TorchCheckpointIO`` would hold a second copy of the weights and optimizer state,
+the real-shape runs' unplanned peak before it).
+
+Ignored: the allocator's fragmentation and caching: the CUDA caching allocator; glibc's heap. Under glibc's
+dynamic mmap threshold (``malloc_mmap_threshold=null``) glibc serves tensors under 32 MiB from the heap, whose
+freed holes stay resident: not planned, so ``malloc_mmap_threshold: auto`` fixes the threshold for every model but
+the embedded tiny ones (:mod:`grpolab.malloc`; measured: a tiny model's step with 20 MiB logit rows 20% above the
+plan under the dynamic threshold, 1% fixed; a Qwen2.5-1.5B LoRA step with checkpointing 37% above, 6% under fixed).
+Also ignored: the CUDA context beyond ``RUNTIME_BYTES``, attention score matrices (sdpa's fused kernels do not materialise them for GQA
 models; the math fallback would), no-grad log-prob passes (reference, sampler, lower bound: smaller than the
 training pass), the prompt activations of generation's prefill, the data set and Python objects,
 DeepSpeed's ZeRO partitioning (planned as DDP), and prompts shorter than the planned length.

@@ -23,11 +23,10 @@ import lightning as L
 import torch
 
 from grpolab.errors import ConfigError
+from grpolab.malloc import SMALL_MODEL_TARGETS  # one thread under torch_threads=auto
 
 log = logging.getLogger(__name__)
 
-# model targets that get one thread under torch_threads=auto: the embedded ~1M-parameter models
-SMALL_MODEL_TARGETS = ("grpolab.models.TinyCharModel", "grpolab.models.TinyQwenModel")
 
 
 def resolve_torch_threads(setting: object, model_target: str | None) -> int | None:
