@@ -9,7 +9,8 @@
 
 Both frameworks get the same model folder and tokenizer, the same "a+b=" prompts and exact-match reward,
 16 prompts x 8 completions per optimizer step, beta 0, lr 1e-4, temperature 1, top_k 0, top_p 1, grad clip
-1.0, fp32 on CPU. Cases: on-policy and off-policy (k = 10 steps per generation) with the warm-started tiny
+1.0, fp32 on CPU, no gradient checkpointing (TRL's GRPOConfig turns it on by default), ``--threads`` torch
+threads in both. Cases: on-policy and off-policy (k = 10 steps per generation) with the warm-started tiny
 model and completions of up to 6 tokens, and on-policy with a random tiny model and up to 48 tokens.
 Each (case, threads) runs grpolab and TRL alternately in fresh processes, ``--repeats`` times; a run's
 s/step is the mean over steps 5+ (refresh steps included); the table shows the best run of each.
@@ -79,6 +80,7 @@ def worker_grpolab(a: argparse.Namespace) -> list[float]:
                  f"algo.per_device_train_batch_size={PROMPTS_PER_STEP * NUM_GENERATIONS}",
                  f"algo.num_generations={NUM_GENERATIONS}", f"algo.max_completion_length={a.max_completion_length}",
                  "algo.beta=0.0", "algo.learning_rate=1e-4", "algo.temperature=1.0", "algo.max_grad_norm=1.0",
+                 f"torch_threads={a.threads[0]}",  # torch_threads=auto would pin the tiny model to 1 thread
                  f"model.path={a.model}", f"trainer.max_steps={a.steps}", "+trainer.limit_val_batches=0",
                  "trainer.enable_progress_bar=false", "val.at_start=false", "save_policy=false",
                  "~callbacks.model_checkpoint", *a.extra]
@@ -124,7 +126,8 @@ def worker_trl(a: argparse.Namespace) -> list[float]:
         num_generations=NUM_GENERATIONS, steps_per_generation=a.steps_per_generation,
         max_completion_length=a.max_completion_length, learning_rate=1e-4, beta=0.0, temperature=1.0, top_k=0,
         top_p=1.0, max_grad_norm=1.0, max_steps=a.steps, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=False, seed=0, disable_tqdm=True, loss_type="bnpo", scale_rewards="group")
+        use_cpu=True, bf16=False, gradient_checkpointing=False, seed=0, disable_tqdm=True, loss_type="bnpo",
+        scale_rewards="group")
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=exact, args=args, train_dataset=dataset,
                           processing_class=AutoTokenizer.from_pretrained(a.model), callbacks=[Timer()])
