@@ -32,7 +32,7 @@ Known differences in work: grpolab runs each prompt once per group in its log-pr
 (``--extra algo.shared_prompt_forward=false`` to compare without it); grpolab computes its Theorem 1
 diagnostic (one more no-grad forward) at steps 0, 10, 20 (``algo.lower_bound_every``). The grpolab worker
 calls ``grpolab.run.build`` directly, so ``malloc_mmap_threshold`` (applied by ``src/train.py``) stays at
-glibc's default, as in TRL.
+glibc's default, as in TRL. Neither writes a checkpoint (a 0.5B fp32 one with AdamW state is ~6 GB).
 
 This file runs in both venvs: the parent and the grpolab worker import grpolab, the TRL worker imports
 only torch, transformers, datasets and trl.
@@ -163,7 +163,7 @@ def worker_grpolab(a: argparse.Namespace) -> list[float]:
                  f"torch_threads={a.threads[0]}",  # torch_threads=auto would pin the tiny model to 1 thread
                  f"model.path={a.model}", f"trainer.max_steps={a.steps}", "+trainer.limit_val_batches=0",
                  "trainer.enable_progress_bar=false", "val.at_start=false", "save_policy=false",
-                 "~callbacks.model_checkpoint"]
+                 "~callbacks.model_checkpoint", "~callbacks.periodic_checkpoint"]  # no end-of-run last.ckpt
     if case.model == "qwen0.5b":  # the random-weight folder replaces the hub weights and tokenizer
         overrides = ["model=qwen0.5b", f"model.tokenizer_path={a.model}", "model.dtype=float32",
                      "model.gradient_checkpointing=false", "trainer.precision=32-true",
