@@ -138,6 +138,8 @@ def run_row(name: str, python: str, steps: int, out: Path, quick: bool = False, 
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not (out / "summary.json").exists():
         raise RuntimeError(f"row {name} failed: see {out.with_suffix('.log')}")
+    for ckpt in out.rglob("*.ckpt"):  # last.ckpt is saved (its memory is part of the row) but not kept: GBs each
+        ckpt.unlink()
     summary = json.loads((out / "summary.json").read_text())
     cfg = OmegaConf.load(out / ".hydra" / "config.yaml")
     metrics = pd.read_csv(out / "metrics.csv").dropna(subset=["train/step_time"]).reset_index(drop=True)
