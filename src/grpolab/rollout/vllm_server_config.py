@@ -10,6 +10,7 @@ from typing import Any
 
 from grpolab.errors import ConfigError
 
+CPU_SERVER_BATCHED_TOKENS = 2048      # vLLM's CPU default for vllm serve (engine/arg_utils.py)
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # as rollout=vllm: 1 GiB when rollout.kv_cache_memory_bytes is null on CPU
 
 
@@ -143,8 +144,12 @@ def _check_knobs(args: dict[str, Any]) -> None:
 
 
 def server_args(s: ServerSettings, knobs: dict[str, Any], model_dir: str, served_name: str, dtype: str,
-                on_gpu: bool) -> tuple[list[str], dict[str, str], list[int] | None]:
+                on_gpu: bool, context_len: int | None = None) -> tuple[list[str], dict[str, str], list[int] | None]:
     """The started server's ``vllm serve`` arguments, environment and CPU cores (None: not pinned).
+
+    ``context_len``: the model's ``max_position_embeddings`` (on CPU the server prefills whole prompts only:
+    ``--no-enable-chunked-prefill`` with a token budget of at least the context; a chunked prefill of a seeded
+    request kills vLLM's CPU engine core, see :mod:`grpolab.rollout.vllm_engine`).
 
     Fixed choices: no tokenizer (token ids in and out), ``processed_logprobs`` (log alpha), vLLM's own generation
     defaults (the model's ``generation_config.json`` may not change the distribution), prefix caching on,
@@ -166,6 +171,11 @@ def server_args(s: ServerSettings, knobs: dict[str, Any], model_dir: str, served
         args += ["--kv-cache-memory-bytes", str(kv)]
     if on_gpu:
         args += ["--gpu-memory-utilization", str(knobs.get("gpu_memory_utilization", 0.9))]
+    if not on_gpu:
+        context = knobs.get("max_model_len") or context_len
+        args.append("--no-enable-chunked-prefill")
+        if context:
+            args += ["--max-num-batched-tokens", str(max(CPU_SERVER_BATCHED_TOKENS, int(context)))]
     eager = knobs.get("enforce_eager")
     if eager is None and not on_gpu:
         eager = True  # compiling costs ~20 s at start-up on CPU

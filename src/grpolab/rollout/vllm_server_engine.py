@@ -209,7 +209,8 @@ class VLLMServerEngine(GenerationEngine):
         dtype = self.knobs["dtype"]
         if dtype == "auto":
             dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
-        args, env, cores = server_args(s, self.knobs, str(policy_dir), SERVED_NAME, dtype, torch.cuda.is_available())
+        args, env, cores = server_args(s, self.knobs, str(policy_dir), SERVED_NAME, dtype, torch.cuda.is_available(),
+                                       getattr(config, "max_position_embeddings", None))
         port = s.port if s.port is not None else free_port(s.host)
         t0 = time.perf_counter()
         self.process = ServerProcess(args, s.host, port, workdir / "server.log", env=env, cpu_cores=cores)
