@@ -32,7 +32,8 @@ print(json.dumps({"save_peak_mib": (after - before) / 1024}))
 
 
 def _save_peak(kind: str, path: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}  # glibc's defaults in the child
+    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}"
     out = subprocess.run([sys.executable, "-c", PROBE, kind, str(path)], env=env, capture_output=True, text=True,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["save_peak_mib"]
@@ -43,7 +44,9 @@ def test_save_does_not_buffer_the_checkpoint_in_memory(tmp_path):
     ours = _save_peak("file", tmp_path / "ours.ckpt")
     lightning = _save_peak("lightning", tmp_path / "lightning.ckpt")
     assert ours < 32, f"FileCheckpointIO raised the peak by {ours:.0f} MiB for a 256 MiB state"
-    assert lightning > 200, f"Lightning's save no longer buffers ({lightning:.0f} MiB): drop FileCheckpointIO"
+    # Lightning's own save buffers the serialised checkpoint (alone on an idle machine: +256 MiB; under the parallel
+    # suite 119 was seen): when this fails, Lightning streams local saves itself and FileCheckpointIO can go
+    assert lightning > ours + 64, f"Lightning's save no longer buffers ({lightning:.0f} MiB): drop FileCheckpointIO"
     a, b = torch.load(tmp_path / "ours.ckpt"), torch.load(tmp_path / "lightning.ckpt")
     assert a.keys() == b.keys() and all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
 
