@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/eval.py` without install
 
@@ -28,9 +28,9 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
 def main(cfg: DictConfig) -> float | None:
     with report_user_errors("eval.py"):
-        from grpolab.malloc import set_mmap_threshold
+        from grpolab.malloc import apply_config
 
-        set_mmap_threshold(cfg.get("malloc_mmap_threshold"), OmegaConf.select(cfg, "model._target_"))
+        apply_config(cfg)
         from grpolab.evaluation.evaluate import evaluate  # torch: after the override check
 
         return evaluate(cfg).get("accuracy")

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
@@ -34,10 +34,10 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     with report_user_errors("train.py"):
-        from grpolab.malloc import set_mmap_threshold
+        from grpolab.malloc import apply_config
 
         # before torch allocates (every DDP rank re-runs this)
-        set_mmap_threshold(cfg.get("malloc_mmap_threshold"), OmegaConf.select(cfg, "model._target_"))
+        apply_config(cfg)
         # torch after the override check (a misspelt key is refused in a second), Lightning after every other check
         from grpolab.plan_check import print_plan, wants_plan_only
         from grpolab.preflight import task_wrapper

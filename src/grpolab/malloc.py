@@ -23,6 +23,7 @@ import ctypes.util
 import logging
 import os
 import sys
+from typing import Any
 
 from grpolab.errors import ConfigError
 
@@ -97,3 +98,10 @@ def set_mmap_threshold(setting: object, model_target: str | None = None) -> bool
         return False
     os.environ.setdefault(ENV, str(threshold))  # DDP ranks, vLLM engine cores and servers start with it
     return True
+
+
+def apply_config(cfg: Any) -> bool:
+    """:func:`set_mmap_threshold` from a composed run config (``malloc_mmap_threshold`` and ``model._target_``);
+    what ``src/train.py`` and ``src/eval.py`` call before torch allocates."""
+    model = cfg.get("model") or {}
+    return set_mmap_threshold(cfg.get("malloc_mmap_threshold"), model.get("_target_"))

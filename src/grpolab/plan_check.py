@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from grpolab.errors import ConfigError
-from grpolab.malloc import SMALL_MODEL_TARGETS
+from grpolab.malloc import SMALL_MODEL_TARGETS, check_mmap_threshold
 from grpolab.memory_plan import (
     GIB,
     LINEAR_NAMES,
@@ -239,7 +239,8 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
     if "DeepSpeed" in str(OmegaConf.select(trainer, "strategy._target_", default="")):
         notes.append("trainer=deepspeed is planned as DDP (ZeRO partitioning not modelled)")
     target = OmegaConf.select(model, "_target_")
-    if not on_gpu(trainer) and cfg.get("malloc_mmap_threshold", "auto") is None and target not in SMALL_MODEL_TARGETS:
+    if (not on_gpu(trainer) and target not in SMALL_MODEL_TARGETS
+            and check_mmap_threshold(cfg.get("malloc_mmap_threshold", "auto"), target) is None):
         notes.append("malloc_mmap_threshold=null: glibc's heap may keep freed tensors resident beyond this plan "
                      "(Qwen2.5-1.5B LoRA with checkpointing: +37%); auto or 131072 keeps the plan")
     sampler = _sampler_kind(rollout)
