@@ -74,27 +74,44 @@ ROWS = {
 VLLM_ROWS = {"0.5b_fp32_vllm", "0.5b_bf16_vllm"}
 
 
-def matmul_peak(dtype_name: str, m: int, k: int, n: int, seconds: float = 2.0) -> float:
-    """Best FLOP/s of ``(m, k) @ (k, n)`` in ``dtype_name`` (``float32`` | ``bfloat16``) over ``seconds``."""
+def matmul_peak(dtype_name: str, m: int, k: int, n: int, backward: bool = False, seconds: float = 2.0) -> float:
+    """Best FLOP/s of ``torch.nn.functional.linear`` from ``(m, k)`` to ``(m, n)`` in ``dtype_name``
+    (``float32`` | ``bfloat16``) over ``seconds``: the layout ``nn.Linear`` runs (``x @ W.T``, ``W`` of shape
+    ``(n, k)``). With ``backward`` the forward and both gradients (3 matmuls: ``6 m k n`` FLOPs) are timed together.
+
+    The layout matters: on a CPU without bf16 instructions (AVX2) torch 2.13 runs a bf16 ``x @ W.T`` at ~10
+    GFLOP/s but ``a @ b`` with both operands row-major (the input gradient ``g @ W``) at ~1, so a plain ``a @ b``
+    under-states the forward and over-states the backward."""
     import torch
+    import torch.nn.functional as F
 
     dtype = getattr(torch, dtype_name)
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
+    x = torch.randn(m, k, dtype=dtype, requires_grad=backward)
+    w = torch.randn(n, k, dtype=dtype, requires_grad=backward)
+    grad = torch.randn(m, n, dtype=dtype)
+
+    def step() -> None:
+        y = F.linear(x, w)
+        if backward:
+            y.backward(grad)
+
+    for _ in range(2):
+        step()
+    flops = 2 * m * k * n * (3 if backward else 1)
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
-        a @ b
-        best = max(best, 2 * m * k * n / (time.perf_counter() - t0))
+        step()
+        best = max(best, flops / (time.perf_counter() - t0))
     return best
 
 
 def measure_peaks() -> dict[str, float]:
-    """Matmul FLOP/s at the 0.5B model's MLP shape (896 -> 4864): 512 training tokens and a 4-row decode."""
+    """Linear-layer FLOP/s at the 0.5B model's MLP shape (896 -> 4864): forward + backward on 512 training tokens
+    (``<dtype>_train``) and the forward of a 4-row decode (``<dtype>_decode``)."""
     out = {}
     for dtype in ("float32", "bfloat16"):
-        out[f"{dtype}_train"] = matmul_peak(dtype, 512, 896, 4864)
+        out[f"{dtype}_train"] = matmul_peak(dtype, 512, 896, 4864, backward=True)
         out[f"{dtype}_decode"] = matmul_peak(dtype, 4, 896, 4864)
     return out
 
