@@ -28,7 +28,8 @@ from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncate
 from grpolab.algo.theorem1 import lower_bound_metrics
 from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
 from grpolab.config import GRPOConfig
-from grpolab.distributed import shard_models
+from grpolab import frozen_weights
+from grpolab.distributed import is_sharded, shard_models
 from grpolab.errors import NonFiniteLossError
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
@@ -81,6 +82,7 @@ class GRPOModule(L.LightningModule):
         self._fit_start: float | None = None
         self._zero_variance_streak = 0
         self._lag_max = 0
+        self._frozen: dict | None = None  # grpolab.frozen_weights record of what checkpoints leave out
         self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
 
     @property
@@ -340,6 +342,22 @@ class GRPOModule(L.LightningModule):
         checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
                                  "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
                                  "lag_max": self._lag_max}
+        record = self._frozen_record()
+        if record:  # the frozen reference / LoRA base: rebuilt from the config at resume (grpolab.frozen_weights)
+            frozen_weights.strip(checkpoint["state_dict"], record)
+            checkpoint["grpolab"][frozen_weights.RECORD_KEY] = record
+
+    def _frozen_record(self) -> dict:
+        """What checkpoints leave out (computed once: frozen tensors do not change), or {} to keep every key:
+        under FSDP (sharded state dicts) and for a reference that ``algo.ref_refresh_every`` moves."""
+        if self._frozen is None:
+            self._frozen = {}
+            if not is_sharded(self.policy):
+                state = self.state_dict(keep_vars=True)
+                keys = [k for k in frozen_weights.frozen_keys(state)
+                        if not (self.cfg.ref_refresh_every and k.startswith("reference."))]
+                self._frozen = frozen_weights.describe(state, keys) if keys else {}
+        return self._frozen
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
@@ -348,3 +366,9 @@ class GRPOModule(L.LightningModule):
         self.time_train_s = state.get("time_train_s", 0.0)
         self.num_tokens = state.get("num_tokens", 0)
         self._lag_max = state.get("lag_max", 0)
+        record = state.get(frozen_weights.RECORD_KEY)
+        if record:  # a checkpoint without its frozen tensors: check the rebuilt ones and put them back (strict load)
+            trainer = self._trainer
+            source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
+            frozen_weights.restore(checkpoint["state_dict"], self.state_dict(keep_vars=True), record, source)
+            self._frozen = record
