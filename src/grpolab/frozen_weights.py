@@ -42,20 +42,23 @@ def frozen_keys(state: Mapping[str, torch.Tensor]) -> list[str]:
 
 
 def fingerprint(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> str:
-    """A BLAKE2b hash (32 hex digits) of ``keys``' names, dtypes, shapes and bytes in ``state``, in the given order.
+    """A SHA-256 hash (its first 32 hex digits) of ``keys``' names, dtypes, shapes and bytes in ``state``, in the
+    given order.
 
-    One pass over the bytes (no copy on CPU; a GPU tensor is copied to the host one at a time).
+    One pass over the bytes, no copy on CPU (a GPU tensor is copied to the host one at a time): 1.4 GB/s on this
+    project's CPU (SHA instructions; BLAKE2b ran at 0.66), so 4 s for a 1.5B fp32 base, once at the first save
+    and once at resume.
 
     Raises:
         KeyError: a key that ``state`` does not hold.
     """
-    h = hashlib.blake2b(digest_size=16)
+    h = hashlib.sha256()
     for key in keys:
         t = state[key].detach()
         h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
         if t.numel():
             h.update(t.reshape(-1).contiguous().cpu().view(torch.uint8).numpy().data)
-    return h.hexdigest()
+    return h.hexdigest()[:32]
 
 
 def _groups(keys: Iterable[str]) -> dict[str, list[str]]:
