@@ -116,3 +116,18 @@ def restore(checkpoint_state: MutableMapping[str, torch.Tensor], module_state: M
             checkpoint_state[key] = module_state[key].detach()
         restored += len(keys)
     return restored
+
+
+def restore_policy(checkpoint: MutableMapping, policy: torch.nn.Module, source: str) -> int:
+    """:func:`restore` for a reader of the ``policy.`` weights alone (``src/eval.py ckpt_path=...``): put a
+    Lightning checkpoint's left-out frozen policy tensors (a LoRA base) back from ``policy``, the rebuilt model.
+    Returns the number of keys put back (0 for a checkpoint that left nothing out).
+
+    Raises:
+        FrozenWeightsMismatch: as :func:`restore`.
+    """
+    record = (checkpoint.get("grpolab") or {}).get(RECORD_KEY)
+    if not record:
+        return 0
+    module_state = {f"policy.{k}": v for k, v in policy.state_dict(keep_vars=True).items()}
+    return restore(checkpoint["state_dict"], module_state, record, source, groups=["policy"])

@@ -93,13 +93,9 @@ def answer_extractor(verifier: Any):
 def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
     """The policy to evaluate: the model config's weights, replaced by ``ckpt_path``'s when given.
 
-    A checkpoint that left the LoRA base out (:mod:`grpolab.frozen_weights`) gets it from the rebuilt policy,
-    after checking its hash.
-
     Raises:
         FileNotFoundError: if ``ckpt_path`` does not exist.
-        grpolab.frozen_weights.FrozenWeightsMismatch: the model config builds other frozen weights than the
-            checkpoint's run had.
+        grpolab.frozen_weights.FrozenWeightsMismatch: the config builds another LoRA base than the checkpoint's.
         KeyError: if the checkpoint has no ``state_dict`` or no ``policy.`` weights.
         RuntimeError: if the checkpoint's weights do not fit the model config (the message lists keys).
     """
@@ -111,10 +107,7 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
         if "state_dict" not in ckpt:
             raise KeyError(f"{path}: not a Lightning checkpoint (no 'state_dict'; keys: {sorted(ckpt)[:8]})")
-        record = (ckpt.get("grpolab") or {}).get(frozen_weights.RECORD_KEY)
-        if record:  # a LoRA base left out of the checkpoint: checked against the rebuilt policy, put back
-            module_state = {f"policy.{k}": v for k, v in policy.state_dict(keep_vars=True).items()}
-            frozen_weights.restore(ckpt["state_dict"], module_state, record, str(path), groups=["policy"])
+        frozen_weights.restore_policy(ckpt, policy, str(path))  # a LoRA base the checkpoint left out
         state = {k[len("policy."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
         if not state:
             raise KeyError(f"{path}: no 'policy.' weights in its state_dict")
