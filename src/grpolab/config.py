@@ -37,7 +37,7 @@ class GRPOConfig(LossConfig):
 
     # Written to summary.json beside ``algo`` (the name) and every LossConfig field, by :meth:`summary`.
     SUMMARY_KEYS: ClassVar[tuple[str, ...]] = ("steps_per_generation", "num_iterations", "mask_zero_std_groups",
-                                               "learning_rate")
+                                               "learning_rate", "skip_zero_grad_steps")
 
     name: str = "grpo_onpolicy"
     num_generations: int = 8
@@ -60,6 +60,7 @@ class GRPOConfig(LossConfig):
     zero_std_threshold: float = 0.0
     learning_rate: float = 1e-4
     max_grad_norm: float | None = 1.0
+    skip_zero_grad_steps: bool = False
     vllm_importance_sampling_correction: bool = False
     vllm_importance_sampling_cap: float = 3.0
     shared_prompt_forward: bool = True

@@ -106,12 +106,13 @@ def restore(checkpoint_state: MutableMapping[str, torch.Tensor], module_state: M
         if missing:
             raise FrozenWeightsMismatch(
                 f"{source}: the checkpoint left out {len(keys)} frozen '{group}' tensors that the model built now "
-                f"does not have (first: {missing[0]}); resume with the same model overrides as the run that saved it")
+                f"does not have (first: {missing[0]}); give the same model overrides (model.lora.r, experiment, ...) as the "
+                "run that saved it")
         if fingerprint(module_state, keys) != record["fingerprints"][group]:
             raise FrozenWeightsMismatch(
                 f"{source}: the frozen '{group}' weights built now (the reference model or a LoRA base, rebuilt "
-                "from the model config at resume) differ from the ones this checkpoint was saved with; resume with "
-                "the same model.path / model.seed / model.dtype / warm start as the run that saved it")
+                "from the model config) differ from the ones this checkpoint was saved with; give the same model.path / "
+                "model.seed / model.dtype / warm start as the run that saved it")
         for key in keys:
             checkpoint_state[key] = module_state[key].detach()
         restored += len(keys)

@@ -82,6 +82,7 @@ class GRPOModule(L.LightningModule):
         self._fit_start: float | None = None
         self._zero_variance_streak = 0
         self._lag_max = 0
+        self.skipped_steps = 0  # algo.skip_zero_grad_steps: optimizer steps left out (summary.json)
         self._frozen: dict | None = None  # grpolab.frozen_weights record of what checkpoints leave out
         self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
 
@@ -162,6 +163,10 @@ class GRPOModule(L.LightningModule):
             self._anchors = {(mb.round, mb.index): torch.cat(current).cpu()}
         self._mismatch = self._sampling_mismatch(mb, torch.cat(current), step)
         grad_norm = self._clip_and_check(step)
+        skip = c.skip_zero_grad_steps and grad_norm == 0.0  # the global norm: every rank takes the same branch
+        if skip:  # AdamW leaves a parameter without a gradient alone: no momentum step, no weight decay
+            opt.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
         opt.step()
         opt.zero_grad(set_to_none=True)
         self._check_weights(step)
@@ -243,6 +248,7 @@ class GRPOModule(L.LightningModule):
             "completions/clipped_ratio": float(mb.truncated.float().mean()),
             "num_tokens": float(self.num_tokens),
             "grad_norm": grad_norm,
+            "skipped_steps": float(self.skipped_steps),  # algo.skip_zero_grad_steps: steps left out so far
             "learning_rate": float(self.optimizers().param_groups[0]["lr"]),
             "lag": float(mb.lag),  # optimizer steps since the weights that sampled mb (exact, also async)
             "lag/max": float(self._lag_max),  # the largest lag so far in the run
@@ -341,7 +347,7 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
                                  "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
-                                 "lag_max": self._lag_max}
+                                 "lag_max": self._lag_max, "skipped_steps": self.skipped_steps}
         record = self._frozen_record()
         if record:  # the frozen reference / LoRA base: rebuilt from the config at resume (grpolab.frozen_weights)
             frozen_weights.strip(checkpoint["state_dict"], record)
@@ -366,6 +372,7 @@ class GRPOModule(L.LightningModule):
         self.time_train_s = state.get("time_train_s", 0.0)
         self.num_tokens = state.get("num_tokens", 0)
         self._lag_max = state.get("lag_max", 0)
+        self.skipped_steps = state.get("skipped_steps", 0)
         record = state.get(frozen_weights.RECORD_KEY)
         if record:  # a checkpoint without its frozen tensors: check the rebuilt ones and put them back (strict load)
             trainer = self._trainer

@@ -180,6 +180,7 @@ def summarize(cfg: DictConfig, algo: GRPOConfig, module: GRPOModule, dm: Rollout
         **rollout,
         "time_total_s": round(total_s, 2),
         "time_train_s": round(module.time_train_s, 2),
+        "skipped_optimizer_steps": module.skipped_steps,
         **algo.summary(),
         "seed": int(cfg.seed),
         "data_seed": OmegaConf.select(cfg, "data.seed"),
