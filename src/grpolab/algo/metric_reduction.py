@@ -81,6 +81,7 @@ RULES: Mapping[str, Rule] = MappingProxyType({
     "train/lag/max": _MAX,
     "train/iteration": _MAX,
     "train/sampler_refreshes": _MAX,
+    "train/skipped_steps": _MAX,  # every rank skips the same steps (the global gradient norm decides)
     "train/rewards/*": Rule("mean", PER_METRIC),  # rewards/<function>/mean over the rows it scored
     # loss statistics (grpolab.algo.losses.loss_stats_to_metrics)
     "train/clip_ratio/*": Rule("mean", LOSS_TOKENS),
