@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from grpolab import frozen_weights
 from grpolab.algo.advantages import group_reward_summary
 from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate, weight_quantiles
@@ -28,7 +29,6 @@ from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncate
 from grpolab.algo.theorem1 import lower_bound_metrics
 from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
 from grpolab.config import GRPOConfig
-from grpolab import frozen_weights
 from grpolab.distributed import is_sharded, shard_models
 from grpolab.errors import NonFiniteLossError
 from grpolab.handle import PolicyHandle
