@@ -123,3 +123,13 @@ def test_the_areal_sweep_is_the_screens_clip_arms_at_two_iterations():
         assert OmegaConf.to_container(i2.algo) == OmegaConf.to_container(cli.algo)  # what the runs used
         algo = GRPOConfig.from_dict(OmegaConf.to_container(i2.algo, resolve=True))
         assert algo.num_iterations == 2 and algo.clip_mode == ARMS[arm][1] and algo.steps_per_generation == ARMS[arm][0]
+
+
+def test_the_ablation_arms_change_one_factor_of_their_reference_arm():
+    """k4_offpolicy_grpo is k10_offpolicy_grpo at k=4; grpo_async_noclip is grpo_async with epsilon 1e6."""
+    for arm, ref, changed in [("k4_offpolicy_grpo", "k10_offpolicy_grpo", {"steps_per_generation": 4}),
+                              ("grpo_async_noclip", "grpo_async", {"epsilon": 1e6})]:
+        got = OmegaConf.to_container(compose_sweep("async_default", [f"correction_arm={arm}"]).algo, resolve=True)
+        want = OmegaConf.to_container(compose_sweep("async_default", [f"correction_arm={ref}"]).algo, resolve=True)
+        assert {k: v for k, v in got.items() if got[k] != want.get(k)} == changed, arm
+        GRPOConfig.from_dict(got)  # the run's own checks accept it
