@@ -163,8 +163,10 @@ class GRPOModule(L.LightningModule):
             self._anchors = {(mb.round, mb.index): torch.cat(current).cpu()}
         self._mismatch = self._sampling_mismatch(mb, torch.cat(current), step)
         grad_norm = self._clip_and_check(step)
-        skip = c.skip_zero_grad_steps and grad_norm == 0.0  # the global norm: every rank takes the same branch
-        if skip:  # AdamW leaves a parameter without a gradient alone: no momentum step, no weight decay
+        # algo.skip_zero_grad_steps: the global norm decides, so every rank takes the same branch. The grads are set
+        # to None and opt.step() still runs: AdamW leaves a parameter without a gradient alone (no momentum step, no
+        # weight decay), while Lightning counts the step in global_step, so the k schedule is unchanged.
+        if c.skip_zero_grad_steps and grad_norm == 0.0:
             opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
         opt.step()
