@@ -1,0 +1,68 @@
+"""grpolab.stats: the report's statistics against hand-computed values and scipy's own tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from grpolab import stats
+
+
+def test_mean_se_by_hand():
+    mean, se = stats.mean_se([0.3, 0.5])
+    assert mean == pytest.approx(0.4) and se == pytest.approx(math.sqrt(0.02) / math.sqrt(2))  # sd 0.1414 / sqrt 2
+    assert math.isnan(stats.mean_se([0.7])[1])  # one seed: no SE
+    with pytest.raises(ValueError, match="values: expected a non-empty"):
+        stats.mean_se([])
+    with pytest.raises(ValueError, match="not finite"):
+        stats.mean_se([0.1, float("nan")])
+
+
+def test_paired_t_and_tost_by_hand_and_against_scipy():
+    from scipy import stats as st
+
+    # differences 1, 2, 3, 4: mean 2.5, sd sqrt(5/3), SE 0.6455, t = 3.873 on 3 df, p = 0.0305 (t table)
+    t, df, p = stats.one_sample_t([1, 2, 3, 4])
+    assert (round(t, 3), df, round(p, 4)) == (3.873, 3, 0.0305)
+    a, b = [0.61, 0.55, 0.58, 0.66, 0.52], [0.50, 0.49, 0.57, 0.55, 0.51]
+    paired = stats.compare(dict(enumerate(a)), dict(enumerate(b)), margin=0.02)
+    ref = st.ttest_rel(a, b)
+    assert paired.t == pytest.approx(ref.statistic) and paired.p == pytest.approx(ref.pvalue)
+    assert paired.diff == pytest.approx(np.mean(np.subtract(a, b))) and paired.df == 4
+    # TOST with margin 5 on 1..4: the upper one-sided test (H0 mean >= 5) has t = -3.873, p = 0.0305 / 2
+    assert stats.tost([1, 2, 3, 4], 5) == pytest.approx(0.0305 / 2, abs=1e-4)
+    # ... and it does not find equivalence when the mean is close to the margin: p >= 0.5 at mean == margin
+    assert stats.tost([1, 2, 3, 4], 2.5) == pytest.approx(0.5)
+    # TOST p < 0.05 exactly when the 90% t interval lies inside the margins
+    d = np.array([0.01, -0.02, 0.005, 0.0, 0.012])
+    half = st.t.ppf(0.95, 4) * d.std(ddof=1) / math.sqrt(5)
+    for margin in (abs(d.mean()) + half * 0.99, abs(d.mean()) + half * 1.01):
+        assert (stats.tost(d, margin) < 0.05) == (margin > abs(d.mean()) + half)
+    with pytest.raises(ValueError, match="margin must be positive"):
+        stats.tost(d, 0)
+
+
+def test_constant_or_single_differences_give_nan_not_an_error():
+    t, df, p = stats.one_sample_t([0.1, 0.1, 0.1])
+    assert math.isnan(t) and math.isnan(p) and df == 2
+    assert math.isnan(stats.tost([0.2], 0.05))
+
+
+def test_bootstrap_by_hand():
+    # two differences 0 and 1: resampled means are 0, 0.5, 1 with chances 1/4, 1/2, 1/4, so the 2.5% and 97.5%
+    # quantiles of 10000 resamples are 0 and 1
+    assert stats.bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)
+    assert stats.bootstrap_ci([0.3, 0.3, 0.3]) == pytest.approx((0.3, 0.3))
+    lo, hi = stats.bootstrap_ci(np.linspace(-1, 1, 41), seed=1)
+    se = np.linspace(-1, 1, 41).std(ddof=0) / math.sqrt(41)  # the bootstrap SE of a mean uses ddof 0
+    assert lo == pytest.approx(-1.96 * se, abs=0.03) and hi == pytest.approx(1.96 * se, abs=0.03)
+    assert stats.bootstrap_ci([0.0, 1.0, 3.0], seed=5) == stats.bootstrap_ci([0.0, 1.0, 3.0], seed=5)
+
+
+def test_pairing_uses_common_seeds_only():
+    paired = stats.compare({0: 0.5, 1: 0.7, 2: 0.9}, {0: 0.4, 1: 0.5, 3: 0.1})
+    assert paired.seeds == [0, 1] and paired.diff == pytest.approx(0.15) and paired.tost_p is None
+    with pytest.raises(ValueError, match="no seed in common"):
+        stats.compare({0: 0.5}, {1: 0.4})
