@@ -1,0 +1,465 @@
+"""A statistics report over sweep folders: per arm mean and SE over seeds, paired differences to a baseline.
+
+    python sweeps/report.py multirun/<name>/<time> [more sweep folders or results CSVs] --vs algo=grpo_onpolicy
+    python sweeps/report.py $S --vs onpolicy --margin 0.02 --curves-out sweeps/results/<name>_curves.csv
+    python sweeps/report.py sweeps/results/async_default.csv --vs onpolicy --start 0.297   # the checked-in rows
+    python sweeps/report.py sweeps/results/<name>_curves.csv --out /tmp/figs                # figures only
+
+Inputs are sweep folders (every job below them: ``summary.json``, ``metrics.csv``, ``.hydra/overrides.yaml`` and
+``config.yaml``), results CSVs (one row per job: ``arm``, ``seed``, the metric; ``sweep_status.py --csv``) and
+curve CSVs (``--curves-out``; they draw the figures without the runs). An arm is named by the overrides the user
+typed that differ between jobs, less the seed keys (``--seed-key``, default ``seed``) and ``hydra.*``/``paths.*``
+(e.g. ``algo=grpo_async``): any grid works, not only ``sweeps/*.yaml``. Jobs are matched by seed.
+
+Per arm: the metric's mean and standard error over seeds (SE = sample sd / sqrt(n)); against ``--vs``: the paired
+difference on the seeds both arms ran, with its SE, a percentile bootstrap 95% interval and the two-sided paired
+t-test's p (scipy), and with ``--margin m`` the TOST equivalence p for "within +-m". A warnings column says where
+an arm differs from the baseline in seeds, warm start (``val_accuracy_start``), steps, test split or generated
+samples. Jobs that failed, were interrupted or stopped short of ``trainer.max_steps`` are left out, with a warning.
+
+Writes ``report.md`` (printed too), ``report.csv``, ``curves.png`` (held-out accuracy and train reward against steps
+and wall-clock, mean +- SE band over seeds per arm) and ``differences.png`` into ``--out`` (default
+``<first input>/report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # `python sweeps/report.py` without install
+
+from grpolab import stats  # noqa: E402
+
+IGNORED_PREFIXES = ("hydra.", "paths.")
+CURVE_COLUMNS = {  # compact curve file column -> metrics.csv column (a mean over the steps since the last row)
+    "train_reward": "train/reward", "grad_norm": "train/grad_norm", "entropy": "train/entropy",
+    "clip_frac": "train/clip_ratio/region_mean", "kl_sampler_policy": "train/kl_sampler_policy",
+}
+
+
+@dataclass
+class Job:
+    """One run: where it came from, the overrides the user typed (key -> value), its summary and seed."""
+
+    source: str
+    overrides: dict[str, str]
+    summary: dict
+    seed: tuple = ()
+    arm: str = ""
+    config: dict = field(default_factory=dict)
+    test_split: str = ""
+
+
+def _override_pairs(lines: list[str]) -> dict[str, str]:
+    out = {}
+    for line in lines or []:
+        if "=" in str(line):
+            key, value = str(line).split("=", 1)
+            out[key.lstrip("+~")] = value
+    return out
+
+
+def _get(cfg: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return None
+        cfg = cfg[part]
+    return cfg
+
+
+def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
+    """Every job folder under ``folder`` (one with ``summary.json`` or ``.hydra/overrides.yaml``).
+
+    Returns:
+        (the finished jobs, one warning per job left out: no summary.json, interrupted, or fewer steps than its
+        ``trainer.max_steps``).
+    """
+    dirs = {p.parent for p in folder.rglob("summary.json")} | {p.parent.parent for p in folder.rglob(".hydra/overrides.yaml")}
+    jobs, warnings = [], []
+    for job_dir in sorted(dirs):
+        hydra = job_dir / ".hydra"
+        overrides = _override_pairs(yaml.safe_load((hydra / "overrides.yaml").read_text())
+                                    if (hydra / "overrides.yaml").exists() else [])
+        config = yaml.safe_load((hydra / "config.yaml").read_text()) if (hydra / "config.yaml").exists() else {}
+        summary_path = job_dir / "summary.json"
+        if not summary_path.exists():
+            warnings.append(f"left out {job_dir}: no summary.json (failed or still running)")
+            continue
+        summary = json.loads(summary_path.read_text())
+        steps, max_steps = summary.get("steps"), _get(config or {}, "trainer.max_steps")
+        if summary.get("interrupted"):
+            warnings.append(f"left out {job_dir}: interrupted at step {steps} (signal {summary.get('signal')})")
+            continue
+        if isinstance(max_steps, int) and max_steps > 0 and isinstance(steps, int) and steps < max_steps:
+            warnings.append(f"left out {job_dir}: stopped short, {steps} of {max_steps} steps")
+            continue
+        job = Job(source=str(job_dir), overrides=overrides, summary=summary, config=config or {})
+        final = job_dir / "final_eval.json"
+        per_prompt = json.loads(final.read_text()).get("per_prompt") if final.exists() else None
+        if per_prompt:  # the test split itself: the ids of its prompts
+            job.test_split = "prompts " + hashlib.sha1("\n".join(sorted(per_prompt)).encode()).hexdigest()[:8]
+        else:
+            job.test_split = f"{summary.get('data')} seed {summary.get('data_seed')}, {summary.get('test_num_prompts')} prompts"
+        jobs.append(job)
+    return jobs, warnings
+
+
+def read_results_csv(path: Path) -> list[Job]:
+    """The rows of a results CSV (``arm``, ``seed``, metric columns) as jobs named ``arm=<arm>``."""
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    jobs = []
+    for i, row in enumerate(rows, start=1):
+        if "arm" not in row or "seed" not in row:
+            raise ValueError(f"{path}: row {i} has no 'arm' or 'seed' column")
+        summary = {k: _number(v) for k, v in row.items() if k != "arm"}
+        jobs.append(Job(source=f"{path}:{i}", overrides={"arm": row["arm"], "seed": row["seed"]}, summary=summary,
+                        test_split=""))
+    return jobs
+
+
+def _number(value):
+    if value in (None, ""):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return int(number) if number.is_integer() and "." not in str(value) else number
+
+
+def name_arms(jobs: list[Job], seed_keys: list[str]) -> list[str]:
+    """Name each job's arm (in place) by the overrides that differ between jobs, less seeds and hydra/paths keys;
+    return those keys, in the order the user typed them."""
+    keys: list[str] = []
+    for job in jobs:
+        keys += [k for k in job.overrides if k not in keys]
+    keys = [k for k in keys if k not in seed_keys and not k.startswith(IGNORED_PREFIXES)]
+    varying = [k for k in keys if len({job.overrides.get(k) for job in jobs}) > 1]
+    for job in jobs:
+        job.arm = " ".join(f"{k}={job.overrides[k]}" for k in varying if k in job.overrides) or "all jobs"
+        job.seed = tuple(str(job.overrides.get(k, job.summary.get(k, ""))) for k in seed_keys)
+    return varying
+
+
+def resolve_arm(vs: str, arms: list[str]) -> str:
+    """The arm ``--vs`` names: an arm's exact name, or one of its ``key=value`` parts, or a value.
+
+    Raises:
+        ValueError: naming ``--vs`` and the arms, if none or several match.
+    """
+    if vs in arms:
+        return vs
+    found = [a for a in arms if vs in a.split(" ") or vs in [p.split("=", 1)[-1] for p in a.split(" ")]]
+    if len(found) != 1:
+        raise ValueError(f"--vs {vs!r} matches {len(found)} arms ({', '.join(found) or 'none'}); the arms are: "
+                         + "; ".join(arms))
+    return found[0]
+
+
+def default_metric(jobs: list[Job]) -> str:
+    """``test_mean_at_<n>`` when every job has one (the final test score), else ``val_accuracy_end``."""
+    for key in jobs[0].summary if jobs else []:
+        if re.fullmatch(r"test_mean_at_\d+", key) and all(j.summary.get(key) is not None for j in jobs):
+            return key
+    return "val_accuracy_end"
+
+
+def _fmt_set(values) -> str:
+    values = sorted({str(v) for v in values})
+    return ", ".join(values) if len(values) <= 6 else f"{', '.join(values[:3])}, ... ({len(values)})"
+
+
+def _traits(jobs: list[Job], metric: str) -> dict[str, set]:
+    def start(j):
+        v = j.summary.get("val_accuracy_start")
+        return "?" if v is None else f"{float(v):.3f}"
+
+    def samples(j):
+        m = re.search(r"_at_(\d+)$", metric)
+        per_step = j.summary.get("completions")
+        steps = j.summary.get("steps")
+        train = f"{per_step / steps:g} completions/step" if per_step and steps else "?"
+        return f"{train}, eval n={m.group(1) if m else _get(j.config, 'final_eval.num_samples') or '?'}"
+
+    return {"seeds": {"/".join(j.seed) for j in jobs}, "warm start": {start(j) for j in jobs},
+            "steps": {str(j.summary.get("steps", "?")) for j in jobs}, "test split": {j.test_split or "?" for j in jobs},
+            "generated samples": {samples(j) for j in jobs}}
+
+
+def arm_warnings(arm_jobs: list[Job], base_jobs: list[Job] | None, metric: str) -> list[str]:
+    """Where an arm differs from the baseline (or within itself: several warm starts, steps, ...)."""
+    mine = _traits(arm_jobs, metric)
+    theirs = _traits(base_jobs, metric) if base_jobs else None
+    out = []
+    for name, values in mine.items():
+        if theirs is not None and values != theirs[name] and not (values | theirs[name]) <= {"?"}:
+            out.append(f"{name} differ: {_fmt_set(values)} vs baseline {_fmt_set(theirs[name])}")
+        elif name != "seeds" and len(values) > 1:
+            out.append(f"{name} differ between seeds: {_fmt_set(values)}")
+    return out
+
+
+def build_table(jobs: list[Job], metric: str, vs: str | None, margin: float | None,
+                warnings: list[str]) -> list[dict]:
+    """One row per arm (baseline first, then by mean, best first): the numbers of the markdown table and CSV.
+    Duplicate (arm, seed) jobs keep the first and add a warning."""
+    by_arm: dict[str, dict[tuple, Job]] = {}
+    for job in jobs:
+        value = job.summary.get(metric)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            warnings.append(f"left out {job.source}: no number for {metric} in its summary")
+            continue
+        seen = by_arm.setdefault(job.arm, {})
+        if job.seed in seen:
+            warnings.append(f"left out {job.source}: {job.arm} seed {'/'.join(job.seed)} already read from "
+                            f"{seen[job.seed].source}")
+            continue
+        seen[job.seed] = job
+    base = by_arm.get(vs) if vs else None
+    rows = []
+    for arm, runs in by_arm.items():
+        values = {s: float(j.summary[metric]) for s, j in runs.items()}
+        mean, se = stats.mean_se(list(values.values()))
+        row = {"arm": arm, "n": len(values), "seeds": _fmt_set("/".join(s) for s in values), "mean": mean, "se": se,
+               "diff": None, "diff_se": None, "ci_low": None, "ci_high": None, "p_paired_t": None, "tost_p": None,
+               "n_paired": None, "values": values}
+        if base is not None and arm != vs:
+            base_values = {s: float(j.summary[metric]) for s, j in base.items()}
+            try:
+                paired = stats.compare(values, base_values, margin=margin)
+            except ValueError:
+                paired = None
+            if paired is not None:
+                row.update(diff=paired.diff, diff_se=paired.se, ci_low=paired.ci[0], ci_high=paired.ci[1],
+                           p_paired_t=paired.p, tost_p=paired.tost_p, n_paired=len(paired.seeds))
+        row["warnings"] = "; ".join(arm_warnings(list(runs.values()), list(base.values()) if base and arm != vs
+                                                 else None, metric))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["arm"] != vs, -r["mean"]))
+    return rows
+
+
+def _f(x, spec=".3f", missing="-") -> str:
+    return missing if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(rows: list[dict], metric: str, vs: str | None, margin: float | None) -> str:
+    """The table with its legend (SE, the test, the interval, TOST)."""
+    head = ["arm", "seeds", "n", f"{metric} mean +- SE"]
+    if vs:
+        head += [f"paired diff vs `{vs}` +- SE", "bootstrap 95% CI", "p (paired t)"]
+        if margin is not None:
+            head.append(f"TOST p (+-{margin:g})")
+    head.append("warnings")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"`{r['arm']}`", r["seeds"], str(r["n"]), f"{r['mean']:.3f} +- {_f(r['se'])}"]
+        if vs:
+            if r["diff"] is None:
+                cells += ["baseline" if r["arm"] == vs else "no common seed", "-", "-"]
+            else:
+                paired = f" (n={r['n_paired']})" if r["n_paired"] != r["n"] else ""
+                cells += [f"{r['diff']:+.3f} +- {_f(r['diff_se'])}{paired}",
+                          f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", _f(r["p_paired_t"])]
+            if margin is not None:
+                cells.append(_f(r["tost_p"]))
+        cells.append(r["warnings"] or "")
+        lines.append("| " + " | ".join(cells) + " |")
+    legend = [f"Metric `{metric}`; mean +- SE over seeds (SE = sample standard deviation / sqrt(n), not the sd)."]
+    if vs:
+        legend.append("Paired diff: arm minus baseline on the seeds both ran (n= when fewer than the arm's), mean "
+                      "+- SE of the per-seed differences; 95% CI: percentile bootstrap of that mean (10000 "
+                      "resamples); p: two-sided paired t-test (scipy.stats.t).")
+        if margin is not None:
+            legend.append(f"TOST p: two one-sided t-tests that the paired difference lies within +-{margin:g}; "
+                          "p < 0.05 = equivalent at the 5% level.")
+    return "\n".join(lines) + "\n\n" + "\n".join(legend)
+
+
+CSV_FIELDS = ["arm", "n", "seeds", "mean", "se", "diff", "diff_se", "ci_low", "ci_high", "p_paired_t", "tost_p",
+              "n_paired", "warnings"]
+
+
+def job_curves(job: Job, every: int) -> list[dict]:
+    """The compact curve of one sweep job: a row at every ``every``-th optimizer step, at each validation and at
+    the last step; ``val_accuracy`` where validated, train columns averaged over the steps since the last row,
+    ``time_s`` the elapsed training time (0 at step 0)."""
+    import pandas as pd
+
+    path = Path(job.source) / "metrics.csv"
+    train = pd.DataFrame()
+    if path.exists():
+        m = pd.read_csv(path)
+        if "train/reward" in m:
+            train = m[m["train/reward"].notna()].copy()
+            train["opt_step"] = train["step"] + 1
+    val = {int(v["step"]): v.get("accuracy") for v in job.summary.get("val_history") or []}
+    last = int(train["opt_step"].max()) if len(train) else max(val, default=0)
+    steps = sorted({s for s in range(every, last + 1, every)} | set(val) | {last})
+    rows, prev = [], 0
+    for step in steps:
+        window = train[(train["opt_step"] > prev) & (train["opt_step"] <= step)] if len(train) else train
+        at = train[train["opt_step"] == step] if len(train) else train
+        time_s = 0.0 if step == 0 else (float(at["train/time/elapsed"].iloc[0]) if len(at) and
+                                         "train/time/elapsed" in at else None)
+        row = {"arm": job.arm, "seed": "/".join(job.seed), "step": step, "time_s": time_s, "val_accuracy": val.get(step)}
+        for name, column in CURVE_COLUMNS.items():
+            row[name] = float(window[column].mean()) if len(window) and column in window and window[column].notna().any() else None
+        rows.append(row)
+        prev = max(prev, step)
+    return rows
+
+
+def plot_curves(curves, out: Path, vs: str | None) -> Path:
+    """``curves.png``: held-out accuracy and train reward against steps and wall-clock, per arm the mean over
+    seeds with a band of +- one SE (where two or more seeds have the point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5), sharey="row")
+    arms = sorted(curves["arm"].unique(), key=lambda a: (a != vs, a))
+    for j, arm in enumerate(arms):
+        color = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20")(j % 20)
+        for row, col in enumerate(["val_accuracy", "train_reward"]):
+            d = curves[(curves["arm"] == arm) & curves[col].notna()]
+            if not len(d):
+                continue
+            g = d.groupby("step")
+            mean, n = g[col].mean(), g[col].count()
+            se = (g[col].std(ddof=1) / np.sqrt(n)).where(n > 1)
+            t = g["time_s"].mean()
+            for c, x in enumerate([mean.index.to_numpy(float), t.to_numpy(float)]):
+                ax = axes[row, c]
+                ax.plot(x, mean, color=color, lw=1.6, label=f"{arm} ({d['seed'].nunique()} seeds)")
+                ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
+    for c, xlabel in enumerate(["optimizer steps", "wall-clock (s of training, mean over seeds)"]):
+        axes[1, c].set_xlabel(xlabel)
+    axes[0, 0].set_ylabel("held-out accuracy (val, mean@n)")
+    axes[1, 0].set_ylabel("train reward (mean since the last point)")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_title("band: mean +- SE over seeds")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_differences(rows: list[dict], out: Path, metric: str, vs: str) -> Path:
+    """``differences.png``: each arm's paired difference to the baseline with its bootstrap 95% interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["diff"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    for i, r in enumerate(rows):
+        ax.errorbar(r["diff"], i, xerr=[[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]], fmt="o", color="k")
+    ax.axvline(0, color="gray", lw=1)
+    ax.set_yticks(range(len(rows)), [r["arm"] for r in rows], fontsize=8)
+    ax.set_xlabel(f"{metric}: paired difference to {vs} (bootstrap 95% CI)")
+    fig.tight_layout()
+    path = out / "differences.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("inputs", nargs="+", type=Path, help="sweep folders, results CSVs or curve CSVs")
+    p.add_argument("--vs", help="the baseline arm: its name, a key=value of it, or a value (e.g. grpo_onpolicy)")
+    p.add_argument("--metric", help="a summary.json key (default: test_mean_at_<n>, else val_accuracy_end)")
+    p.add_argument("--seed-key", action="append", help="override key(s) that are the seed (default: seed)")
+    p.add_argument("--margin", type=float, help="TOST equivalence margin, in the metric's units (e.g. 0.02)")
+    p.add_argument("--start", type=float, help="keep the jobs whose val_accuracy_start rounds to this (3 decimals)")
+    p.add_argument("--out", type=Path, help="folder for report.md/.csv and the PNGs (default <first input>/report)")
+    p.add_argument("--curves-out", type=Path, help="write the compact per-run curves to this CSV")
+    p.add_argument("--curve-every", type=int, default=10, help="a curve row every N optimizer steps (default 10)")
+    args = p.parse_args(argv)
+    if args.margin is not None and not args.margin > 0:
+        p.error(f"--margin must be positive, got {args.margin}")
+    if args.curve_every < 1:
+        p.error(f"--curve-every must be at least 1, got {args.curve_every}")
+    import pandas as pd
+
+    seed_keys = args.seed_key or ["seed"]
+    jobs, warnings, curve_files = [], [], []
+    for path in args.inputs:
+        if path.is_dir():
+            found, left = read_sweep(path)
+            if not found and not left:
+                p.error(f"{path}: no job under it (no summary.json or .hydra/overrides.yaml)")
+            jobs += found
+            warnings += left
+        elif path.suffix == ".csv" and path.exists():
+            with path.open() as fh:
+                header = next(csv.reader(fh), [])
+            if "step" in header:
+                curve_files.append(pd.read_csv(path, dtype={"seed": str}))
+            else:
+                try:
+                    jobs += read_results_csv(path)
+                except ValueError as err:
+                    p.error(str(err))
+        else:
+            p.error(f"{path}: not a sweep folder or a CSV file")
+    if args.start is not None:
+        jobs = [j for j in jobs if j.summary.get("val_accuracy_start") is not None
+                and round(float(j.summary["val_accuracy_start"]), 3) == round(args.start, 3)]
+    name_arms(jobs, seed_keys)
+    out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent / args.inputs[0].stem) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    vs = None
+    if args.vs and jobs:
+        try:
+            vs = resolve_arm(args.vs, sorted({j.arm for j in jobs}))
+        except ValueError as err:
+            p.error(str(err))
+    metric = args.metric or default_metric(jobs)
+    text = ""
+    if jobs:
+        rows = build_table(jobs, metric, vs, args.margin, warnings)
+        if not rows:
+            p.error(f"--metric {metric}: no job has a number for it")
+        text = markdown(rows, metric, vs, args.margin)
+        with (out / "report.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=["metric", *CSV_FIELDS], extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows({"metric": metric, **r} for r in rows)
+        if vs and any(r["diff"] is not None for r in rows):
+            plot_differences(rows, out, metric, vs)
+    curve_rows = [row for j in jobs if Path(j.source).is_dir() for row in job_curves(j, args.curve_every)]
+    curves = pd.concat([pd.DataFrame(curve_rows), *curve_files], ignore_index=True) if curve_rows or curve_files else None
+    if curves is not None and len(curves):
+        if args.curves_out:
+            args.curves_out.parent.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame(curve_rows).to_csv(args.curves_out, index=False)
+        plot_curves(curves, out, vs or args.vs)
+    if warnings:
+        text += "\n\nWarnings:\n" + "\n".join(f"- {w}" for w in warnings)
+    (out / "report.md").write_text(text + "\n")
+    print(text)
+    print(f"\nwritten: {', '.join(sorted(str(q) for q in out.iterdir()))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
