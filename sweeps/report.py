@@ -175,8 +175,12 @@ def default_metric(jobs: list[Job]) -> str:
     return "val_accuracy_end"
 
 
+def _natural(text: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text))
+
+
 def _fmt_set(values) -> str:
-    values = sorted({str(v) for v in values})
+    values = sorted({str(v) for v in values}, key=_natural)
     return ", ".join(values) if len(values) <= 6 else f"{', '.join(values[:3])}, ... ({len(values)})"
 
 

@@ -1,0 +1,147 @@
+"""sweeps/report.py: the statistics report over sweep folders, on a hand-made folder whose numbers are computed
+by hand and on a real tiny multirun of src/train.py."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import FAST_OVERRIDES, REPO_ROOT
+
+spec = importlib.util.spec_from_file_location("report", REPO_ROOT / "sweeps" / "report.py")
+report = importlib.util.module_from_spec(spec)
+sys.modules["report"] = report  # its dataclass looks its module up
+spec.loader.exec_module(report)
+
+
+def _job(root, name, overrides, summary, max_steps=200, metrics=True):
+    """A job folder as src/train.py writes it: .hydra/overrides.yaml and config.yaml, summary.json, metrics.csv."""
+    job = root / name
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_steps": max_steps}}))
+    if summary is not None:
+        base = {"steps": max_steps, "interrupted": False, "val_accuracy_start": 0.297, "completions": 64 * max_steps,
+                "val_history": [{"step": 0, "accuracy": 0.3}, {"step": max_steps, "accuracy": 0.4}]}
+        (job / "summary.json").write_text(json.dumps({**base, **summary}))
+    if metrics:
+        with (job / "metrics.csv").open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["step", "train/reward", "train/time/elapsed", "val/accuracy"])
+            w.writerow([0, "", "", 0.3])
+            for step in range(max_steps):
+                w.writerow([step, 0.1 + step / 1000, 0.5 * (step + 1), ""])
+    return job
+
+
+@pytest.fixture
+def crafted(tmp_path):
+    """Two arms typed as `algo=` plus a `seed=` and a constant override; b lacks seed 2 (interrupted) and a run
+    stopped at 73 of 200 steps; a's seed 2 has another warm start; one job never wrote summary.json."""
+    root = tmp_path / "sweep"
+    common = ["trainer.max_steps=200", "hydra.job.chdir=false"]
+    values = {("a", 0): 0.5, ("a", 1): 0.6, ("a", 2): 0.7, ("b", 0): 0.4, ("b", 1): 0.45}
+    for i, ((arm, seed), v) in enumerate(values.items()):
+        extra = {"val_accuracy_start": 0.316} if (arm, seed) == ("a", 2) else {}
+        _job(root, f"{i}_{arm}{seed}", [f"algo={arm}", f"seed={seed}", *common], {"test_mean_at_16": v, **extra})
+    _job(root, "5_b2", ["algo=b", "seed=2", *common], {"test_mean_at_16": 0.9, "interrupted": True, "steps": 150})
+    _job(root, "6_b3", ["algo=b", "seed=3", *common], {"test_mean_at_16": 0.9, "steps": 73})
+    _job(root, "7_b4", ["algo=b", "seed=4", *common], None)
+    return root
+
+
+def test_hand_made_sweep_statistics_and_warnings(crafted, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert report.main([str(crafted), "--vs", "b", "--margin", "0.2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert "paired diff vs `algo=b` +- SE" in lines[0] and "TOST p (+-0.2)" in lines[0]
+    assert lines[2].startswith("| `algo=b` | 0, 1 | 2 | 0.425 +- 0.025 | baseline |")  # sd of 0.4, 0.45 / sqrt 2
+    # a on seeds 0, 1, 2: mean 0.6, SE 0.1 / sqrt 3; paired on seeds 0, 1: differences 0.1, 0.15 -> mean 0.125,
+    # SE (sd 0.0354) / sqrt 2 = 0.025, t = 5 on 1 df: p = 1 - 2 atan(5) / pi = 0.126; the bootstrap of two values
+    # spans their own range; TOST within +-0.2: t = (0.125 - 0.2) / 0.025 = -3 on 1 df, p = 0.5 - atan(3) / pi
+    a = lines[3].split(" | ")
+    assert a[:4] == ["| `algo=a`", "0, 1, 2", "3", f"0.600 +- {0.1 / math.sqrt(3):.3f}"]
+    assert a[4:8] == ["+0.125 +- 0.025 (n=2)", "[+0.100, +0.150]", f"{1 - 2 * math.atan(5) / math.pi:.3f}",
+                      f"{0.5 - math.atan(3) / math.pi:.3f}"]
+    assert "seeds differ: 0, 1, 2 vs baseline 0, 1" in a[8] and "warm start differ: 0.297, 0.316 vs baseline 0.297" in a[8]
+    assert "SE = sample standard deviation / sqrt(n)" in text and "paired t-test" in text
+    left = [w for w in lines if w.startswith("- left out")]
+    assert len(left) == 3 and "interrupted at step 150" in left[0] and "stopped short, 73 of 200 steps" in left[1]
+    assert "no summary.json" in left[2]
+    with (out / "report.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["arm"] for r in rows] == ["algo=b", "algo=a"] and float(rows[1]["diff"]) == pytest.approx(0.125)
+    assert float(rows[1]["p_paired_t"]) == pytest.approx(1 - 2 * math.atan(5) / math.pi)
+    assert (out / "report.md").read_text().startswith(lines[0])
+    assert (out / "curves.png").stat().st_size > 10_000 and (out / "differences.png").stat().st_size > 5_000
+
+
+def test_curve_file_and_redrawing_from_it(crafted, tmp_path, capsys):
+    curves = tmp_path / "curves.csv"
+    report.main([str(crafted), "--vs", "algo=b", "--curves-out", str(curves), "--out", str(tmp_path / "r1")])
+    with curves.open() as fh:
+        rows = list(csv.DictReader(fh))
+    a0 = [r for r in rows if r["arm"] == "algo=a" and r["seed"] == "0"]
+    assert [int(r["step"]) for r in a0] == list(range(0, 201, 10))  # validation at 0 and 200, every 10 steps
+    assert a0[0]["val_accuracy"] == "0.3" and a0[0]["train_reward"] == "" and a0[-1]["val_accuracy"] == "0.4"
+    # the reward of steps 1..10 (metrics rows 0..9: 0.100 .. 0.109) averaged; time at step 10 is 5 s
+    assert float(a0[1]["train_reward"]) == pytest.approx(0.1045) and float(a0[1]["time_s"]) == 5.0
+    assert {r["arm"] for r in rows} == {"algo=a", "algo=b"} and len({(r["arm"], r["seed"]) for r in rows}) == 5
+    capsys.readouterr()
+    report.main([str(curves), "--out", str(tmp_path / "r2")])  # no runs needed: the figures from the file
+    assert (tmp_path / "r2" / "curves.png").stat().st_size > 10_000
+
+
+def test_results_csv_and_bad_arguments(tmp_path, capsys):
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["arm", "seed", "steps", "test_mean_at_16", "val_accuracy_start"])
+        w.writerows([["on", 0, 1000, 0.5, 0.297], ["on", 1, 1000, 0.6, 0.297], ["async", 0, 1000, 0.55, 0.297],
+                     ["async", 1, 1000, 0.7, 0.297], ["async", 2, 1000, 0.9, 0.316]])
+    report.main([str(path), "--vs", "on", "--start", "0.297", "--out", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert "| `arm=async` | 0, 1 | 2 | 0.625 +- 0.075 | +0.075 +- 0.025 | [+0.050, +0.100] |" in out
+    with pytest.raises(SystemExit):
+        report.main([str(path), "--vs", "nope", "--out", str(tmp_path / "r")])
+    assert "--vs 'nope' matches 0 arms (none); the arms are: arm=async; arm=on" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report.main([str(path), "--margin", "-1"])
+    assert "--margin must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_tiny_multirun(tmp_path):
+    """`python src/train.py -m algo=grpo_onpolicy,grpo_async seed=0,1` (4 steps, a tiny random model), then the
+    report on its folder: arms named by the typed override, matched by seed, curves drawn."""
+    sweep = tmp_path / "multirun"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    cmd = [sys.executable, "src/train.py", "-m", "algo=grpo_onpolicy,grpo_async", "seed=0,1", *FAST_OVERRIDES,
+           "save_policy=false", "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}",
+           f"paths.cache_dir={tmp_path / 'cache'}", "final_eval.enabled=true", "final_eval.num_samples=2"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    curves = tmp_path / "curves.csv"
+    proc = subprocess.run([sys.executable, "sweeps/report.py", str(sweep), "--vs", "grpo_onpolicy", "--margin", "0.05",
+                           "--curves-out", str(curves), "--curve-every", "2"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "test_mean_at_2 mean +- SE" in lines[0] and "vs `algo=grpo_onpolicy`" in lines[0]
+    assert lines[2].startswith("| `algo=grpo_onpolicy` | 0, 1 | 2 |") and lines[3].startswith("| `algo=grpo_async` | 0, 1 | 2 |")
+    # same seeds, warm start, steps, test split and samples: no warning; no job left out
+    assert lines[2].endswith("|  |") and lines[3].endswith("|  |") and "Warnings:" not in proc.stdout
+    with curves.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted({(r["arm"], r["seed"]) for r in rows}) == [("algo=grpo_async", "0"), ("algo=grpo_async", "1"),
+                                                            ("algo=grpo_onpolicy", "0"), ("algo=grpo_onpolicy", "1")]
+    assert [r["step"] for r in rows[:3]] == ["0", "2", "4"] and rows[2]["train_reward"] != ""
+    assert (sweep / "report" / "curves.png").stat().st_size > 10_000 and (sweep / "report" / "report.md").exists()
