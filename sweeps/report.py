@@ -108,8 +108,8 @@ def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
         per_prompt = json.loads(final.read_text()).get("per_prompt") if final.exists() else None
         if per_prompt:  # the test split itself: the ids of its prompts
             job.test_split = "prompts " + hashlib.sha1("\n".join(sorted(per_prompt)).encode()).hexdigest()[:8]
-        else:
-            job.test_split = f"{summary.get('data')} seed {summary.get('data_seed')}, {summary.get('test_num_prompts')} prompts"
+        elif summary.get("data"):
+            job.test_split = f"{summary['data']} seed {summary.get('data_seed')}, {summary.get('test_num_prompts')} prompts"
         jobs.append(job)
     return jobs, warnings
 

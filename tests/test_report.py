@@ -43,8 +43,9 @@ def _job(root, name, overrides, summary, max_steps=200, metrics=True):
 
 @pytest.fixture
 def crafted(tmp_path):
-    """Two arms typed as `algo=` plus a `seed=` and a constant override; b lacks seed 2 (interrupted) and a run
-    stopped at 73 of 200 steps; a's seed 2 has another warm start; one job never wrote summary.json."""
+    """Arms typed as `algo=` plus a `seed=` and a constant override; b lacks seed 2 (interrupted) and a run
+    stopped at 73 of 200 steps; a's seed 2 has another warm start; one job never wrote summary.json; c differs
+    in steps, generated samples and test split."""
     root = tmp_path / "sweep"
     common = ["trainer.max_steps=200", "hydra.job.chdir=false"]
     values = {("a", 0): 0.5, ("a", 1): 0.6, ("a", 2): 0.7, ("b", 0): 0.4, ("b", 1): 0.45}
@@ -54,7 +55,11 @@ def crafted(tmp_path):
     _job(root, "5_b2", ["algo=b", "seed=2", *common], {"test_mean_at_16": 0.9, "interrupted": True, "steps": 150})
     _job(root, "6_b3", ["algo=b", "seed=3", *common], {"test_mean_at_16": 0.9, "steps": 73})
     _job(root, "7_b4", ["algo=b", "seed=4", *common], None)
-    return root
+    for seed, v in ((0, 0.3), (1, 0.35)):  # an arm of 100 steps, half the completions, its own test prompts
+        job = _job(root, f"8_c{seed}", ["algo=c", f"seed={seed}", "trainer.max_steps=100", "hydra.job.chdir=false"],
+                   {"test_mean_at_16": v, "completions": 32 * 100}, max_steps=100)
+        (job / "final_eval.json").write_text(json.dumps({"per_prompt": {"arith/1+1": 1.0, "arith/2+2": 0.0}}))
+    return root  # trainer.max_steps differs between jobs, so it names the arms too
 
 
 def test_hand_made_sweep_statistics_and_warnings(crafted, tmp_path, capsys):
@@ -62,23 +67,28 @@ def test_hand_made_sweep_statistics_and_warnings(crafted, tmp_path, capsys):
     assert report.main([str(crafted), "--vs", "b", "--margin", "0.2", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
-    assert "paired diff vs `algo=b` +- SE" in lines[0] and "TOST p (+-0.2)" in lines[0]
-    assert lines[2].startswith("| `algo=b` | 0, 1 | 2 | 0.425 +- 0.025 | baseline |")  # sd of 0.4, 0.45 / sqrt 2
+    assert "paired diff vs `algo=b trainer.max_steps=200` +- SE" in lines[0] and "TOST p (+-0.2)" in lines[0]
+    assert lines[2].startswith("| `algo=b trainer.max_steps=200` | 0, 1 | 2 | 0.425 +- 0.025 | baseline |")  # sd of 0.4, 0.45 / sqrt 2
     # a on seeds 0, 1, 2: mean 0.6, SE 0.1 / sqrt 3; paired on seeds 0, 1: differences 0.1, 0.15 -> mean 0.125,
     # SE (sd 0.0354) / sqrt 2 = 0.025, t = 5 on 1 df: p = 1 - 2 atan(5) / pi = 0.126; the bootstrap of two values
     # spans their own range; TOST within +-0.2: t = (0.125 - 0.2) / 0.025 = -3 on 1 df, p = 0.5 - atan(3) / pi
     a = lines[3].split(" | ")
-    assert a[:4] == ["| `algo=a`", "0, 1, 2", "3", f"0.600 +- {0.1 / math.sqrt(3):.3f}"]
+    assert a[:4] == ["| `algo=a trainer.max_steps=200`", "0, 1, 2", "3", f"0.600 +- {0.1 / math.sqrt(3):.3f}"]
     assert a[4:8] == ["+0.125 +- 0.025 (n=2)", "[+0.100, +0.150]", f"{1 - 2 * math.atan(5) / math.pi:.3f}",
                       f"{0.5 - math.atan(3) / math.pi:.3f}"]
     assert "seeds differ: 0, 1, 2 vs baseline 0, 1" in a[8] and "warm start differ: 0.297, 0.316 vs baseline 0.297" in a[8]
+    c = lines[4].split(" | ")
+    assert c[:5] == ["| `algo=c trainer.max_steps=100`", "0, 1", "2", "0.325 +- 0.025", "-0.100 +- 0.000"]
+    assert c[6] == "-"  # both seeds differ by exactly -0.1: no spread, no t-test (not an error)
+    assert "steps differ: 100 vs baseline 200" in c[8] and "test split differ: prompts " in c[8]
+    assert "generated samples differ: 32 completions/step, eval n=16 vs baseline 64 completions/step, eval n=16" in c[8]
     assert "SE = sample standard deviation / sqrt(n)" in text and "paired t-test" in text
     left = [w for w in lines if w.startswith("- left out")]
     assert len(left) == 3 and "interrupted at step 150" in left[0] and "stopped short, 73 of 200 steps" in left[1]
     assert "no summary.json" in left[2]
     with (out / "report.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert [r["arm"] for r in rows] == ["algo=b", "algo=a"] and float(rows[1]["diff"]) == pytest.approx(0.125)
+    assert [r["arm"] for r in rows] == ["algo=b trainer.max_steps=200", "algo=a trainer.max_steps=200", "algo=c trainer.max_steps=100"] and float(rows[1]["diff"]) == pytest.approx(0.125)
     assert float(rows[1]["p_paired_t"]) == pytest.approx(1 - 2 * math.atan(5) / math.pi)
     assert (out / "report.md").read_text().startswith(lines[0])
     assert (out / "curves.png").stat().st_size > 10_000 and (out / "differences.png").stat().st_size > 5_000
@@ -86,15 +96,15 @@ def test_hand_made_sweep_statistics_and_warnings(crafted, tmp_path, capsys):
 
 def test_curve_file_and_redrawing_from_it(crafted, tmp_path, capsys):
     curves = tmp_path / "curves.csv"
-    report.main([str(crafted), "--vs", "algo=b", "--curves-out", str(curves), "--out", str(tmp_path / "r1")])
+    report.main([str(crafted), "--vs", "algo=b trainer.max_steps=200", "--curves-out", str(curves), "--out", str(tmp_path / "r1")])
     with curves.open() as fh:
         rows = list(csv.DictReader(fh))
-    a0 = [r for r in rows if r["arm"] == "algo=a" and r["seed"] == "0"]
+    a0 = [r for r in rows if r["arm"] == "algo=a trainer.max_steps=200" and r["seed"] == "0"]
     assert [int(r["step"]) for r in a0] == list(range(0, 201, 10))  # validation at 0 and 200, every 10 steps
     assert a0[0]["val_accuracy"] == "0.3" and a0[0]["train_reward"] == "" and a0[-1]["val_accuracy"] == "0.4"
     # the reward of steps 1..10 (metrics rows 0..9: 0.100 .. 0.109) averaged; time at step 10 is 5 s
     assert float(a0[1]["train_reward"]) == pytest.approx(0.1045) and float(a0[1]["time_s"]) == 5.0
-    assert {r["arm"] for r in rows} == {"algo=a", "algo=b"} and len({(r["arm"], r["seed"]) for r in rows}) == 5
+    assert {r["arm"] for r in rows} == {"algo=a trainer.max_steps=200", "algo=b trainer.max_steps=200", "algo=c trainer.max_steps=100"} and len({(r["arm"], r["seed"]) for r in rows}) == 7
     capsys.readouterr()
     report.main([str(curves), "--out", str(tmp_path / "r2")])  # no runs needed: the figures from the file
     assert (tmp_path / "r2" / "curves.png").stat().st_size > 10_000
