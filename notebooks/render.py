@@ -4,6 +4,8 @@
     python notebooks/render.py multirun/onoff_small/<time> --figures /tmp/figs
 
 Uses nbclient (no Jupyter server). The executed notebook is written to ``<figures>/onpolicy_vs_offpolicy.ipynb``.
+Jobs that failed, were interrupted or stopped short of ``trainer.max_steps`` are left out, each with a warning on
+stderr: the job filter of ``sweeps/report.py``, which gives the statistics (paired differences, tests).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 NOTEBOOK = Path(__file__).resolve().parent / "onpolicy_vs_offpolicy.ipynb"
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 
 def render(sweep_dir: Path, figures: Path | None = None, timeout: int = 600) -> Path:
@@ -29,6 +32,11 @@ def render(sweep_dir: Path, figures: Path | None = None, timeout: int = 600) -> 
     sweep_dir = sweep_dir.resolve()
     if not any(sweep_dir.rglob("summary.json")):
         raise FileNotFoundError(f"no summary.json under {sweep_dir}: is it a sweep folder (multirun/<name>/<time>)?")
+    sys.path.insert(0, str(SWEEPS))
+    from report import read_sweep
+
+    for warning in read_sweep(sweep_dir)[1]:  # the notebook leaves the same jobs out
+        print(f"render.py: warning: {warning}", file=sys.stderr)
     figures = (figures or sweep_dir / "figures").resolve()
     saved = {k: os.environ.get(k) for k in ("GRPOLAB_SWEEP_DIR", "GRPOLAB_FIG_DIR", "MPLBACKEND")}
     os.environ.update(GRPOLAB_SWEEP_DIR=str(sweep_dir), GRPOLAB_FIG_DIR=str(figures), MPLBACKEND="Agg")

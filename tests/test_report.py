@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -128,21 +129,28 @@ def test_results_csv_and_bad_arguments(tmp_path, capsys):
     assert "--margin must be positive" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_real_tiny_multirun(tmp_path):
-    """`python src/train.py -m algo=grpo_onpolicy,grpo_async seed=0,1` (4 steps, a tiny random model), then the
-    report on its folder: arms named by the typed override, matched by seed, curves drawn."""
-    sweep = tmp_path / "multirun"
+@pytest.fixture(scope="module")
+def tiny_multirun(tmp_path_factory):
+    """`python src/train.py -m algo=grpo_onpolicy,grpo_async seed=0,1` (4 steps, a tiny random model)."""
+    tmp = tmp_path_factory.mktemp("multirun")
+    sweep = tmp / "multirun"
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
     cmd = [sys.executable, "src/train.py", "-m", "algo=grpo_onpolicy,grpo_async", "seed=0,1", *FAST_OVERRIDES,
            "save_policy=false", "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}",
-           f"paths.cache_dir={tmp_path / 'cache'}", "final_eval.enabled=true", "final_eval.num_samples=2"]
+           f"paths.cache_dir={tmp / 'cache'}", "final_eval.enabled=true", "final_eval.num_samples=2"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep
+
+
+@pytest.mark.slow
+def test_real_tiny_multirun(tiny_multirun, tmp_path):
+    """The report on a real multirun's folder: arms named by the typed override, matched by seed, curves drawn."""
+    sweep = tiny_multirun
     curves = tmp_path / "curves.csv"
     proc = subprocess.run([sys.executable, "sweeps/report.py", str(sweep), "--vs", "grpo_onpolicy", "--margin", "0.05",
-                           "--curves-out", str(curves), "--curve-every", "2"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+                           "--curves-out", str(curves), "--curve-every", "2", "--out", str(tmp_path / "report")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "test_mean_at_2 mean +- SE" in lines[0] and "vs `algo=grpo_onpolicy`" in lines[0]
@@ -154,4 +162,26 @@ def test_real_tiny_multirun(tmp_path):
     assert sorted({(r["arm"], r["seed"]) for r in rows}) == [("algo=grpo_async", "0"), ("algo=grpo_async", "1"),
                                                             ("algo=grpo_onpolicy", "0"), ("algo=grpo_onpolicy", "1")]
     assert [r["step"] for r in rows[:3]] == ["0", "2", "4"] and rows[2]["train_reward"] != ""
-    assert (sweep / "report" / "curves.png").stat().st_size > 10_000 and (sweep / "report" / "report.md").exists()
+    assert (tmp_path / "report" / "curves.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_render_leaves_out_an_interrupted_job(tiny_multirun, tmp_path):
+    """notebooks/render.py used to average an interrupted job with finished ones without a word; now it leaves it
+    out with the report's filter and says so."""
+    import nbformat
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(tiny_multirun, sweep, ignore=shutil.ignore_patterns("checkpoints", "report"))
+    summary_path = next(p for p in sorted(sweep.glob("3_*/summary.json")))
+    summary = json.loads(summary_path.read_text())
+    summary.update(interrupted=True, signal="SIGTERM")
+    summary_path.write_text(json.dumps(summary))
+    figures = tmp_path / "figures"
+    proc = subprocess.run([sys.executable, "notebooks/render.py", str(sweep), "--figures", str(figures)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "render.py: warning: left out" in proc.stderr and "3_seed-1" in proc.stderr
+    nb = nbformat.read(figures / "onpolicy_vs_offpolicy.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
+    assert "3 runs in 2 arms" in text and "WARNING: left out" in text and "interrupted at step 4" in text
