@@ -19,7 +19,7 @@ samples. Jobs that failed, were interrupted or stopped short of ``trainer.max_st
 
 Writes ``report.md`` (printed too), ``report.csv``, ``curves.png`` (held-out accuracy and train reward against steps
 and wall-clock, mean +- SE band over seeds per arm) and ``differences.png`` into ``--out`` (default
-``<first input>/report``).
+``<sweep folder>/report``, or ``multirun/report/<csv name>`` for a CSV).
 """
 
 from __future__ import annotations
@@ -230,6 +230,11 @@ def build_table(jobs: list[Job], metric: str, vs: str | None, margin: float | No
                             f"{seen[job.seed].source}")
             continue
         seen[job.seed] = job
+    starts = sorted({f"{float(j.summary['val_accuracy_start']):.3f}" for j in jobs
+                     if isinstance(j.summary.get("val_accuracy_start"), (int, float))})
+    if len(starts) > 1 and any("already read from" in w for w in warnings):
+        warnings.insert(0, f"jobs of {len(starts)} warm starts (val_accuracy_start {', '.join(starts)}) share seeds: "
+                        "--start keeps one; --seed-key seed --seed-key val_accuracy_start pairs within each")
     base = by_arm.get(vs) if vs else None
     rows = []
     for arm, runs in by_arm.items():
@@ -429,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [j for j in jobs if j.summary.get("val_accuracy_start") is not None
                 and round(float(j.summary["val_accuracy_start"]), 3) == round(args.start, 3)]
     name_arms(jobs, seed_keys)
-    out = args.out or (args.inputs[0] if args.inputs[0].is_dir() else args.inputs[0].parent / args.inputs[0].stem) / "report"
+    # a sweep's report stays with it; a CSV's (checked in, say) goes under multirun/, which git ignores
+    out = args.out or (args.inputs[0] / "report" if args.inputs[0].is_dir() else Path("multirun/report") / args.inputs[0].stem)
     out.mkdir(parents=True, exist_ok=True)
     vs = None
     if args.vs and jobs:

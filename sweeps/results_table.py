@@ -9,6 +9,9 @@ means to that arm with the standard error of the difference (sqrt(se_a^2 + se_b^
 several machines, told apart by ``val_accuracy_start`` (another machine computes another warm start):
 ``--start`` keeps the rows whose value rounds to it (3 decimals); without it every machine's rows are pooled and
 the table says so. Several CSVs are read as one (a grid whose arms were run by two sweeps with the same settings).
+
+The difference's standard error here is unpaired. For the paired difference on the seeds both arms ran, a bootstrap
+interval, the paired t-test, TOST and warnings where arms differ, use ``python sweeps/report.py <csv> --vs ARM``.
 """
 
 from __future__ import annotations
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     elif len(starts) > 1:
         print(f"(rows of {len(starts)} warm starts pooled: val_accuracy_start {starts}; --start keeps one)")
     print(markdown(summarize(rows, args.metric), args.vs))
+    if args.vs:
+        print(f"(SE = standard error over seeds; the difference's SE is unpaired: sweeps/report.py --vs {args.vs} pairs "
+              "seeds and tests it)")
 
 
 if __name__ == "__main__":

@@ -121,6 +121,12 @@ def test_results_csv_and_bad_arguments(tmp_path, capsys):
     report.main([str(path), "--vs", "on", "--start", "0.297", "--out", str(tmp_path / "r")])
     out = capsys.readouterr().out
     assert "| `arm=async` | 0, 1 | 2 | 0.625 +- 0.075 | +0.075 +- 0.025 | [+0.050, +0.100] |" in out
+    with path.open("a", newline="") as fh:  # seed 0 of `on` again, from another machine's warm start
+        csv.writer(fh).writerow(["on", 0, 1000, 0.9, 0.316])
+    report.main([str(path), "--vs", "on", "--out", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert "- jobs of 2 warm starts (val_accuracy_start 0.297, 0.316) share seeds: --start keeps one" in out
+    assert f"- left out {path}:6: arm=on seed 0 already read from {path}:1" in out
     with pytest.raises(SystemExit):
         report.main([str(path), "--vs", "nope", "--out", str(tmp_path / "r")])
     assert "--vs 'nope' matches 0 arms (none); the arms are: arm=async; arm=on" in capsys.readouterr().err
