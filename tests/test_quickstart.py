@@ -51,7 +51,7 @@ def test_quickstart_has_the_steps_it_promises():
 @pytest.mark.slow
 def test_every_quickstart_block_runs_in_a_real_shell(tmp_path):
     repo = tmp_path / "grpolab"
-    for part in ("src", "conf", "notebooks", "README.md"):
+    for part in ("src", "conf", "notebooks", "sweeps", "README.md"):  # sweeps/report.py: step 6's table
         src = REPO_ROOT / part
         (shutil.copytree if src.is_dir() else shutil.copy)(src, repo / part)
     (tmp_path / "shared").symlink_to(REPO_ROOT.parent / "shared")
@@ -68,6 +68,7 @@ def test_every_quickstart_block_runs_in_a_real_shell(tmp_path):
     assert list(repo.glob("outputs/smoke/*/summary.json")) and list(repo.glob("outputs/eval/*/eval.json"))
     assert len(list(repo.glob("outputs/train/*/summary.json"))) == 2  # the default run and its resume
     assert list(repo.glob("multirun/compare/*/figures/*.png"))
+    assert "paired diff vs `algo=grpo_onpolicy`" in next(repo.glob("multirun/compare/*/report/report.md")).read_text()
     # the Hydra multirun of step 6: one job per (algo, seed), each with its own schedule (2 steps here)
     compare = [json.loads(p.read_text()) for p in repo.glob("multirun/compare/*/*/summary.json")]
     assert sorted((s["algo"], s["seed"]) for s in compare) == [
