@@ -353,7 +353,8 @@ def plot_curves(curves, out: Path, vs: str | None) -> Path:
             t = g["time_s"].mean()
             for c, x in enumerate([mean.index.to_numpy(float), t.to_numpy(float)]):
                 ax = axes[row, c]
-                ax.plot(x, mean, color=color, lw=1.6, label=f"{arm} ({d['seed'].nunique()} seeds)")
+                ax.plot(x, mean, color=color, lw=1.6, label=f"{arm} ({d['seed'].nunique()} seeds)",
+                        marker="o" if len(mean) < 12 else None, ms=3)
                 ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
     for c, xlabel in enumerate(["optimizer steps", "wall-clock (s of training, mean over seeds)"]):
         axes[1, c].set_xlabel(xlabel)
