@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
 from grpolab.cli import check_overrides, report_user_errors  # noqa: E402
+from grpolab.console import guard_console  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -61,5 +62,6 @@ def _train(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    guard_console()  # a closed stdout/stderr (| tee killed by Ctrl-C, | head) cannot stop the run
     check_overrides(CONFIG_DIR, "train", "train.py")  # a misspelt key: one line naming the closest keys
     main()

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.callbacks.threads import apply_torch_threads
+from grpolab.cli import resume_command
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import checkpoint_cadence_warning
 from grpolab.distributed import sum_over_ranks
@@ -120,11 +121,14 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
         finally:
             dm.engine.close()
         if stop.signum and trained:
-            log.warning("%s during the %s, after the last training step: the run is finished (summary.json "
+            log.warning("%s (%s), after the last training step: the run is finished (summary.json "
                         "\"interrupted\": false); score it with src/eval.py", signal.Signals(stop.signum).name,
                         stop.stopped_in)
-        return write_outputs(cfg, parts, final, time.perf_counter() - start, interrupted=bool(stop.signum)
-                             and not trained)
+        summary = write_outputs(cfg, parts, final, time.perf_counter() - start,
+                                interrupted=bool(stop.signum) and not trained)
+    if summary["interrupted"] and trainer.is_global_zero:
+        log.warning("to continue this run: %s", resume_command(stop.ckpt_path))
+    return summary
 
 
 def _phase(stop: StopOnSignal, trainer: L.Trainer, name: str, fn: Any, *args: Any, **kwargs: Any) -> bool:

@@ -88,6 +88,7 @@ class StopOnSignal(L.Callback):
         self.signum: int | None = None  # the signal this process received (or request_stop's)
         self.phase = "training"  # what run_training is doing: "start validation", "training", "final validation", ...
         self.stopped_in: str | None = None  # the phase a stop was first seen in (summary.json "stopped_in")
+        self.ckpt_path: Path | None = None  # last.ckpt, once a stop saved it
         self._previous: dict[int, Any] = {}
         self._trainer: L.Trainer | None = None
 
@@ -195,5 +196,6 @@ class StopOnSignal(L.Callback):
         self.request_stop(signum)  # a rank that did not get the signal stops with the same one
         path = self.ckpt_dir / "last.ckpt"
         trainer.save_checkpoint(path)  # every rank takes part (sharded strategies), rank 0 writes
+        self.ckpt_path = path
         log.warning("%s: stopped at step %d; saved %s", signal.Signals(signum).name, trainer.global_step, path)
         raise TrainingInterrupted(signum, trainer.global_step, path)
