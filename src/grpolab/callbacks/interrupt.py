@@ -164,8 +164,10 @@ class StopOnSignal(L.Callback):
 
     def agreed_signum(self, trainer: L.Trainer) -> int:
         """The signal any rank received (0 = none): a max over the ranks under DDP/FSDP, this process's flag
-        otherwise. Every rank must call it at the same point (it is a collective with several processes)."""
-        if trainer.world_size <= 1:
+        otherwise. Every rank must call it at the same point (it is a collective with several processes). Before
+        the process group exists (before the first ``fit``/``validate``, where Lightning's launcher starts the other
+        ranks) it is this process's flag."""
+        if trainer.world_size <= 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return self.signum or 0
         flag = torch.tensor([self.signum or 0], device=trainer.strategy.root_device)
         return int(trainer.strategy.reduce(flag, reduce_op="max").item())
