@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/eval.py` without install
 
 from grpolab.cli import check_overrides, report_user_errors  # noqa: E402
+from grpolab.console import guard_console  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -37,5 +38,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    guard_console()  # a closed stdout/stderr (| tee killed by Ctrl-C, | head) cannot stop the run
     check_overrides(CONFIG_DIR, "eval", "eval.py")  # a misspelt key: one line naming the closest keys
     main()

@@ -8,7 +8,10 @@
 Instantiation happens in a fixed order and every ``_target_`` is logged. Settings are validated before any
 model is built. Outputs land in the Hydra run folder: metrics.csv, summary.json, checkpoints/, policy/.
 Ctrl-C or SIGTERM during training saves checkpoints/last.ckpt at the next step boundary, summary.json
-("interrupted": true) and policy/, then exits 130 (SIGINT) or 143 (SIGTERM); a second signal aborts at once.
+("interrupted": true) and policy/, logs the command that continues the run, then exits 130 (SIGINT) or 143
+(SIGTERM); a second signal aborts at once. During the start validation: the same, at step 0, without a checkpoint;
+after the last step (end-of-run validation, final eval): a finished run, exit 0 (docs/training.md). A closed
+stdout/stderr (| tee killed by the same Ctrl-C, | head) cannot stop the save.
 
 A config error (a wrong value or type, a missing file, conflicting settings, a misspelt key) prints one line,
 ``train.py: error: <key>: <what to change>``, and exits with status 2; ``GRPOLAB_TRACEBACK=1`` shows the
@@ -27,6 +30,7 @@ from omegaconf import DictConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
 from grpolab.cli import check_overrides, report_user_errors  # noqa: E402
+from grpolab.console import guard_console  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -61,5 +65,6 @@ def _train(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    guard_console()  # a closed stdout/stderr (| tee killed by Ctrl-C, | head) cannot stop the run
     check_overrides(CONFIG_DIR, "train", "train.py")  # a misspelt key: one line naming the closest keys
     main()

@@ -17,6 +17,7 @@ import contextlib
 import difflib
 import os
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,3 +194,22 @@ def check_overrides(config_dir: str | Path, config_name: str, prog: str, argv: l
         return
     if problems:
         fail(prog, "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------- the command that continues a run
+def resume_command(ckpt_path: str | Path | None, script: str | None = None) -> str:
+    """The shell command that continues this run: ``python <script> <the run's own overrides> ckpt_path=<path>``.
+
+    The overrides are the ones this job was composed with (Hydra's ``overrides.task``: in a multirun, the job's
+    own values), as typed, so settings such as ``trainer.max_steps=2000`` carry over; an earlier ``ckpt_path``
+    override is replaced by ``ckpt_path`` (None: kept as it was, for a run stopped before it saved anything).
+    Hydra's own overrides (``hydra.run.dir``) are left out: the continuation gets a new run folder. Each item is
+    shell-quoted (:func:`shlex.join`). ``script``: defaults to ``sys.argv[0]``.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    if ckpt_path is not None:
+        overrides = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "ckpt_path"]
+        overrides.append(f"ckpt_path={ckpt_path}")
+    return shlex.join(["python", script or sys.argv[0], *overrides])

@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.callbacks.threads import apply_torch_threads
+from grpolab.cli import resume_command
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import checkpoint_cadence_warning
 from grpolab.distributed import sum_over_ranks
-from grpolab.evaluation.final import final_eval
+from grpolab.evaluation.final import FinalEvalStopped, final_eval
 from grpolab.lora import count_parameters, save_policy
 from grpolab.module import GRPOModule
 from grpolab.plan_check import plan_summary
@@ -90,44 +91,74 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
 def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
     """Fit and write ``summary.json`` and ``policy/`` into the run folder. Returns the summary.
 
-    SIGINT/SIGTERM during training (see :mod:`grpolab.callbacks.interrupt`): training stops at the next step
-    boundary with ``checkpoints/last.ckpt``; the post-training validation and final eval are skipped, and the
-    summary (``"interrupted": true``, ``"signal"``) and ``policy/`` are written as usual. ``src/train.py`` then
-    exits with 128 + the signal number. A finished run has ``"interrupted": false``.
+    SIGINT/SIGTERM (see :mod:`grpolab.callbacks.interrupt`) at any phase writes the summary and ``policy/``:
+    during training, training stops at the next step boundary with ``checkpoints/last.ckpt``; during the start
+    validation, nothing is trained (no checkpoint); in every case what follows is skipped. The summary's
+    ``"interrupted"`` is true when training stopped before its end (``src/train.py`` then exits with 128 + the
+    signal number); a stop after the last training step (the final validation or eval) leaves a finished run:
+    ``"interrupted": false``, with ``"signal"`` and ``"stopped_in"`` saying what was cut short.
     """
     start = time.perf_counter()
     out = Path(cfg.paths.output_dir)
     parts = build(cfg, checked)
     trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
     stop: StopOnSignal = parts["stop"]
+    stop.attach(trainer)
     final: dict = {}
-    with stop:  # from here until the outputs are written: a signal stops at a step boundary, a second aborts
+    trained = False  # fit returned without a stop: every training step is done
+    with stop:  # from here until the outputs are written: a signal stops the phase, a second aborts
         try:
             if cfg.val.at_start and not cfg.ckpt_path:
-                trainer.validate(module, datamodule=dm, verbose=False)
-            try:
-                trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
-            except TrainingInterrupted as err:
-                log.warning("interrupted: %s", err)
-            stopped = stop.agreed_signum(trainer)  # the ranks agree on skipping what follows (a collective)
-            stop.signum = stop.signum or stopped or None
+                _phase(stop, trainer, "start validation", trainer.validate, module, datamodule=dm, verbose=False)
+            trained = _phase(stop, trainer, "training", trainer.fit, module, datamodule=dm, ckpt_path=cfg.ckpt_path)
             last_val = module.val_history[-1]["step"] if module.val_history else None
-            if not stopped and last_val != module.global_step:
-                trainer.validate(module, datamodule=dm, verbose=False)
-            if not stopped:
-                final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
+            if trained and last_val != module.global_step:
+                _phase(stop, trainer, "final validation", trainer.validate, module, datamodule=dm, verbose=False)
+            if trained:
+                _phase(stop, trainer, "final eval", lambda: final.update(run_final_eval(
+                    cfg, module, dm, parts["task"], out, write=trainer.is_global_zero,
+                    should_stop=lambda: bool(stop.agreed_signum(trainer)))))
         finally:
             dm.engine.close()
-        return write_outputs(cfg, parts, final, time.perf_counter() - start)
+        if stop.signum and trained:
+            log.warning("%s (%s), after the last training step: the run is finished (summary.json "
+                        "\"interrupted\": false); score it with src/eval.py", signal.Signals(stop.signum).name,
+                        stop.stopped_in)
+        summary = write_outputs(cfg, parts, final, time.perf_counter() - start,
+                                interrupted=bool(stop.signum) and not trained)
+    if summary["interrupted"] and trainer.is_global_zero:
+        log.warning("to continue this run: %s", resume_command(stop.ckpt_path))
+    return summary
 
 
-def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float) -> dict:
+def _phase(stop: StopOnSignal, trainer: L.Trainer, name: str, fn: Any, *args: Any, **kwargs: Any) -> bool:
+    """Run ``fn(*args, **kwargs)`` as phase ``name`` unless a stop was requested on any rank (a collective: every
+    rank calls it at the same point). Returns True when ``fn`` ran and returned (for ``fit``: every step done)."""
+    if signum := stop.agreed_signum(trainer):
+        stop.request_stop(signum)  # a rank that did not get the signal skips the phase with the others
+        return False
+    stop.phase = name
+    try:
+        fn(*args, **kwargs)
+    except (TrainingInterrupted, FinalEvalStopped) as err:
+        log.warning("%s stopped: %s", name, err)
+        return False
+    finally:
+        stop.phase = f"after {name}"
+    return True
+
+
+def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float,
+                  interrupted: bool | None = None) -> dict:
     """Write ``summary.json`` (rank 0) and ``policy/`` (``save_policy``; every rank takes part). Returns the
-    summary."""
+    summary. ``interrupted``: training stopped before its last step (default: a stop was requested);
+    ``"signal"`` and ``"stopped_in"`` (the phase) record any stop, also one after training."""
     out = Path(cfg.paths.output_dir)
     trainer, module, stop = parts["trainer"], parts["module"], parts["stop"]
     summary = summarize(cfg, parts["algo"], module, parts["datamodule"], total_s)
-    summary.update(interrupted=bool(stop.signum), signal=signal.Signals(stop.signum).name if stop.signum else None)
+    summary.update(interrupted=bool(stop.signum) if interrupted is None else interrupted,
+                   signal=signal.Signals(stop.signum).name if stop.signum else None,
+                   stopped_in=stop.stopped_in if stop.signum else None)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
     summary.update(final, memory_plan=plan_summary(cfg))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
@@ -141,16 +172,18 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
 
 
 def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, task: Any, out: Path,
-                   write: bool = True) -> dict:
+                   write: bool = True, should_stop: Any = None) -> dict:
     """``final_eval.enabled``: score the final policy (mean@n on ``final_eval.split``), write ``final_eval.json``
-    (with per-prompt fractions) and return the summary keys (``test_mean_at_16``, ``test_mean_at_16_se``, ...)."""
+    (with per-prompt fractions) and return the summary keys (``test_mean_at_16``, ``test_mean_at_16_se``, ...).
+    ``should_stop``: called after each batch; True abandons the eval (raises ``FinalEvalStopped``)."""
     fe = cfg.get("final_eval")
     if not fe or not fe.get("enabled"):
         return {}
     t0 = time.perf_counter()
     # the validation producer samples the live policy (also when the training sampler owns a stale copy)
     result = final_eval(module.policy, dm.validation_producer, task, split=fe.split, num_samples=fe.num_samples,
-                        max_prompts=fe.get("max_prompts"), batch_size=fe.batch_size, seed=fe.seed)
+                        max_prompts=fe.get("max_prompts"), batch_size=fe.batch_size, seed=fe.seed,
+                        should_stop=should_stop)
     result = {k: (None if isinstance(v, float) and v != v else v) for k, v in result.items()}  # NaN -> null
     result["final_eval_s"] = round(time.perf_counter() - t0, 2)
     if write:  # under DDP every rank scores (the same samples), rank 0 writes

@@ -15,12 +15,17 @@ notebook estimates from the seeds.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from grpolab.errors import ConfigError
 from grpolab.evaluation.evaluate import _records, answer_extractor, select_rows, summarize
+
+
+class FinalEvalStopped(Exception):
+    """:func:`final_eval` was asked to stop (its ``should_stop`` returned True); nothing was scored."""
 
 
 def check_final_eval(cfg: Any) -> None:
@@ -47,7 +52,7 @@ def check_final_eval(cfg: Any) -> None:
 @torch.no_grad()
 def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_samples: int = 16,
                max_prompts: int | None = None, batch_size: int = 64, seed: int = 2024,
-               correct_threshold: float = 1.0) -> dict[str, Any]:
+               correct_threshold: float = 1.0, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Score ``policy`` on ``split``: ``num_samples`` sampled completions per prompt, plus one greedy.
 
     Args:
@@ -62,6 +67,10 @@ def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_s
         batch_size: prompts per generate call.
         seed: seeds the sampling RNG (the global RNG state is restored afterwards, so a resumed run is unaffected).
         correct_threshold: a sample is correct when its reward is at least this.
+        should_stop: called after each batch (every rank calls it equally often); True stops the eval.
+
+    Raises:
+        FinalEvalStopped: when ``should_stop`` returned True (nothing is scored).
 
     Returns:
         ``{f"{split}_mean_at_{n}", f"{split}_mean_at_{n}_se", f"{split}_greedy_accuracy", f"{split}_num_prompts",
@@ -82,6 +91,8 @@ def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_s
             records += _records(producer.sample(policy, batch, num_samples), extract, correct_threshold, False,
                                 num_samples)
             records += _records(producer.sample(policy, batch, 1, greedy=True), extract, correct_threshold, True, 1)
+            if should_stop is not None and should_stop():
+                raise FinalEvalStopped(f"final eval stopped after {s + len(batch)} of {len(rows)} prompts")
     finally:
         torch.set_rng_state(rng)
         policy.train(was_training)
