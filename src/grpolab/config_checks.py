@@ -182,15 +182,34 @@ def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
     return p
 
 
-def load_checkpoint(path: str | Path) -> Any:
-    """A Lightning checkpoint, memory-mapped (its header and small entries are read, not the weights); a legacy
-    (non-zip) file, which cannot be memory-mapped, is read whole."""
+def load_checkpoint(path: str | Path, mmap: bool = True) -> Any:
+    """A Lightning checkpoint, loaded without running code: ``torch.load(weights_only=True)``, as Lightning's own
+    loader does, so a crafted pickle cannot call a function (``os.system``, say) while it is read.
+
+    With ``mmap`` the file is memory-mapped (its header and small entries are read, not the weights); a legacy
+    (non-zip) file, which cannot be memory-mapped, is read whole.
+
+    Raises:
+        ConfigError: naming the path when the file holds anything but tensors, containers and plain values
+            (torch's ``UnpicklingError``: a checkpoint from another program, or one that would run code).
+    """
+    import pickle
+
     import torch
 
+    file = Path(path).expanduser()
     try:
-        return torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:
-        return torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False)
+        try:
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError:
+            if not mmap:
+                raise
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{file}: refused to load: it holds more than tensors and plain values, and loading it "
+                          f"could run code ({first}). Only load checkpoints written by grpolab or Lightning "
+                          f"that you trust") from None
 
 
 def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path") -> int:

@@ -101,10 +101,10 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
     """
     policy = spec.load_policy(task)
     if cfg.get("ckpt_path"):
-        from grpolab.config_checks import check_checkpoint
+        from grpolab.config_checks import check_checkpoint, load_checkpoint
 
         path = check_checkpoint(cfg.ckpt_path)  # missing, empty or truncated: an error naming the path
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = load_checkpoint(path, mmap=False)  # weights_only: a crafted file cannot run code
         if "state_dict" not in ckpt:
             raise KeyError(f"{path}: not a Lightning checkpoint (no 'state_dict'; keys: {sorted(ckpt)[:8]})")
         frozen_weights.restore_policy(ckpt, policy, str(path))  # a LoRA base the checkpoint left out
