@@ -347,13 +347,25 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
+        checkpoint["grpolab"] = {"anchors": self._anchors, "anchor_ranks": self._gather_anchors(),
+                                 "val_history": self.val_history,
                                  "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
                                  "lag_max": self._lag_max, "skipped_steps": self.skipped_steps}
         record = self._frozen_record()
         if record:  # the frozen reference / LoRA base: rebuilt from the config at resume (grpolab.frozen_weights)
             frozen_weights.strip(checkpoint["state_dict"], record)
             checkpoint["grpolab"][frozen_weights.RECORD_KEY] = record
+
+    def _gather_anchors(self) -> list[dict] | None:
+        """Every rank's anchor log-probs (each rank trains its own rows, so each has its own ``log pi_k``), or None
+        in one process. A collective (``all_gather_object``): Lightning calls ``on_save_checkpoint`` on every rank."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, self._anchors)
+        return gathered
 
     def _frozen_record(self) -> dict:
         """What checkpoints leave out (computed once: frozen tensors do not change), or {} to keep every key:
@@ -369,7 +381,13 @@ class GRPOModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
-        self._anchors = state.get("anchors", {})
+        ranks = state.get("anchor_ranks")
+        if ranks:  # saved by several processes: this rank's own (a changed process count has no matching entry;
+            # resume_conflicts refuses such a resume while buffer steps remain, and then no anchor is read)
+            rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
+            self._anchors = ranks[rank] if len(ranks) == world else {}
+        else:
+            self._anchors = state.get("anchors", {})
         self.val_history = state.get("val_history", [])
         self.time_train_s = state.get("time_train_s", 0.0)
         self.num_tokens = state.get("num_tokens", 0)

@@ -22,8 +22,12 @@ ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]
 @pytest.mark.slow
 # async adaptive: a buffer in flight at the checkpoint, taken early on the ranks' averaged drift (plain async resume
 # is covered in one process by tests/rollout/test_async.py; the 2-process part is the same per-rank buffer state)
-@pytest.mark.parametrize("rollout", [[], [*ASYNC, "rollout.refresh=adaptive", "rollout.max_drift=1e-4"]],
-                         ids=["hf", "async_adaptive"])
+# reuse_anchor: resumed inside a minibatch's iterations: each rank's anchor log-probs (log pi_k at the minibatch's
+# first use, read by decoupled_ppo) come back from the checkpoint, its own, not rank 0's
+@pytest.mark.parametrize("rollout", [[], [*ASYNC, "rollout.refresh=adaptive", "rollout.max_drift=1e-4"],
+                                     ["algo.steps_per_generation=1", "algo.num_iterations=3",
+                                      "algo.clip_mode=decoupled_ppo"]],
+                         ids=["hf", "async_adaptive", "reuse_anchor"])
 def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollout):
     # k = 2, checkpoint after step 1: each rank is half-way through ITS OWN buffer (disjoint prompts). The
     # checkpoint must hold every rank's buffer, so the resumed run trains each rank on the same rows as the
