@@ -113,3 +113,32 @@ def test_eval_of_a_lora_checkpoint_rebuilds_the_base_and_matches_the_exported_po
                                                           f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]))
     by_export = evaluate(compose_eval_cfg(tmp_path / "e2", [*common, f"model.path={tmp_path / 'run' / 'policy'}"]))
     assert by_ckpt["accuracy"] == by_export["accuracy"] and by_ckpt["mean_length"] == by_export["mean_length"]
+
+
+def test_a_resume_that_turns_on_ref_refresh_every_keeps_the_moving_reference(tmp_path):
+    """Saved without ``ref_refresh_every`` (the reference left out), resumed with it: the reference now moves, so
+    the next checkpoints keep it, and resuming from one of them equals the uninterrupted run (the initial reference,
+    rebuilt from the config, is not put back)."""
+    steps6 = [o for o in CKPT if not o.startswith("trainer.max_steps")] + ["trainer.max_steps=6"]
+    # a small warm start (a few seconds, cached once for the three runs): rewards vary, so the policy and the KL move
+    warm = [o for o in FAST_OVERRIDES if not o.startswith("model.")] + [
+        "model.warmstart.target_accuracy=0.05", "model.warmstart.eval_every=5", "model.warmstart.num_heldout=32",
+        f"paths.cache_dir={tmp_path / 'cache'}", "algo.learning_rate=1e-3"]
+
+    def run(path, *overrides, max_steps=steps6):
+        summary = run_training(compose_train_cfg(path, [*warm, *max_steps, *FULL, *overrides], own_cache=False))
+        return summary, pd.read_csv(path / "metrics.csv")
+
+    run(tmp_path / "frozen", max_steps=CKPT)
+    moving = ["algo.ref_refresh_every=3"]
+    _, full = run(tmp_path / "moving", *moving, f"ckpt_path={tmp_path / 'frozen' / 'checkpoints' / 'step2.ckpt'}")
+    ckpt4 = tmp_path / "moving" / "checkpoints" / "step4.ckpt"
+    saved = torch.load(ckpt4, map_location="cpu", weights_only=True)
+    assert any(k.startswith("reference.") for k in saved["state_dict"])
+    assert not any(k.startswith("reference.") for k in saved["grpolab"].get(frozen_weights.RECORD_KEY, {}).get("keys", []))
+    _, again = run(tmp_path / "again", *moving, f"ckpt_path={ckpt4}")
+    cols = ["train/loss", "train/kl"]
+    tail = full[full["step"] >= 4].dropna(subset=["train/loss"])[cols].reset_index(drop=True)
+    got = again[again["step"] >= 4].dropna(subset=["train/loss"])[cols].reset_index(drop=True)
+    assert len(got) == 2 and (got["train/kl"] > 0).any()
+    pd.testing.assert_frame_equal(tail, got)

@@ -371,13 +371,17 @@ class GRPOModule(L.LightningModule):
         """What checkpoints leave out (computed once: frozen tensors do not change), or {} to keep every key:
         under FSDP (sharded state dicts) and for a reference that ``algo.ref_refresh_every`` moves."""
         if self._frozen is None:
-            self._frozen = {}
-            if not is_sharded(self.policy):
-                state = self.state_dict(keep_vars=True)
-                keys = [k for k in frozen_weights.frozen_keys(state)
-                        if not (self.cfg.ref_refresh_every and k.startswith("reference."))]
-                self._frozen = frozen_weights.describe(state, keys) if keys else {}
+            keys = self._frozen_keys()
+            self._frozen = frozen_weights.describe(self.state_dict(keep_vars=True), keys) if keys else {}
         return self._frozen
+
+    def _frozen_keys(self) -> list[str]:
+        """The state-dict keys checkpoints leave out under today's settings (none under FSDP; not the reference
+        when ``algo.ref_refresh_every`` moves it)."""
+        if is_sharded(self.policy):
+            return []
+        return [k for k in frozen_weights.frozen_keys(self.state_dict(keep_vars=True))
+                if not (self.cfg.ref_refresh_every and k.startswith("reference."))]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
@@ -398,4 +402,6 @@ class GRPOModule(L.LightningModule):
             trainer = self._trainer
             source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
             frozen_weights.restore(checkpoint["state_dict"], self.state_dict(keep_vars=True), record, source)
-            self._frozen = record
+            # the next saves leave out what TODAY's settings freeze (a resume that turns on ref_refresh_every
+            # keeps the now-moving reference); the saved hashes are reused when the keys agree
+            self._frozen = record if set(record["keys"]) == set(self._frozen_keys()) else None
