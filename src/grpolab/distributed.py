@@ -29,12 +29,29 @@ def sum_over_ranks(strategy: Any, counts: dict[str, int]) -> dict[str, int]:
     Returns:
         name -> the sum over ranks (int).
     """
+    return {k: int(round(v)) for k, v in sum_floats_over_ranks(strategy, counts).items()}
+
+
+def sum_floats_over_ranks(strategy: Any, values: dict[str, float]) -> dict[str, float]:
+    """``values`` summed over every data-parallel rank with one float64 all-reduce; a copy with one process.
+
+    The tensor is built on ``strategy.root_device``: a process group on GPUs is NCCL-only and has no backend for
+    a CPU tensor ("No backend type associated with device type cpu"). A collective: every rank must call it with
+    the same keys.
+
+    Args:
+        strategy: the Lightning strategy (``world_size``, ``root_device``, ``reduce``).
+        values: name -> this rank's value.
+
+    Returns:
+        name -> the sum over ranks (float).
+    """
     if getattr(strategy, "world_size", 1) <= 1:
-        return dict(counts)
-    keys = sorted(counts)
-    local = torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64, device=strategy.root_device)
+        return {k: float(v) for k, v in values.items()}
+    keys = sorted(values)
+    local = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=strategy.root_device)
     total = strategy.reduce(local, reduce_op="sum").cpu().tolist()
-    return {k: int(round(v)) for k, v in zip(keys, total, strict=True)}
+    return dict(zip(keys, total, strict=True))
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -17,10 +17,11 @@ class PolicyHandle:
     Attributes:
         policy: the policy being trained (None until built).
         reference: the frozen reference model, or None (``algo.beta = 0``, or LoRA with the adapters off).
-        drift: the policy/sampler drift the module measured on the last minibatch it trained at first use
-            (``train/tv_token``, ``0.5 * mean_t |pi / alpha - 1|``); read by ``rollout.refresh=adaptive``.
+        drift: the policy/sampler drift the module measured on the last minibatch it trained at first use, as
+            ``(sum, tokens)`` over its completion tokens (:func:`grpolab.algo.diagnostics.drift_sum`, so ranks
+            combine it token-weighted); read by ``rollout.refresh=adaptive``.
     """
 
     policy: torch.nn.Module | None = None
     reference: torch.nn.Module | None = None
-    drift: float | None = None
+    drift: tuple[float, int] | None = None

@@ -21,7 +21,13 @@ import torch
 from grpolab import frozen_weights
 from grpolab.algo.advantages import group_reward_summary
 from grpolab.algo.aggregation import step_denominator
-from grpolab.algo.diagnostics import c_weight, policy_sampler_divergence, surrogate, weight_quantiles
+from grpolab.algo.diagnostics import (
+    c_weight,
+    drift_sum,
+    policy_sampler_divergence,
+    surrogate,
+    weight_quantiles,
+)
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.algo.metric_reduction import step_weights
@@ -275,8 +281,8 @@ class GRPOModule(L.LightningModule):
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
         div = policy_sampler_divergence(logp, sampler, mask)
         m.update({k: float(v) for k, v in div.items() if k != "num_sequences"})
-        if mb.iteration == 0:  # read by rollout.refresh=adaptive before the next step
-            self.models.drift = m["tv_token"]
+        if mb.iteration == 0:  # read by rollout.refresh=adaptive before the next step (over completion tokens)
+            self.models.drift = drift_sum(logp, sampler, mb.completion_mask.to(logp.device))
         m.update({f"ratio/anchor_{k}": float(v) for k, v in weight_quantiles(logp, sampler, mask).items()})
         seq_mask = mask.any(1)
         cw = c_weight(mb.info["group_std"].to(logp.device), c.advantage_epsilon)

@@ -39,6 +39,34 @@ def _mean_or_zero(x: Tensor) -> Tensor:
     return x.mean() if x.numel() else x.new_zeros(())
 
 
+def drift_sum(logp: Tensor, sampler_logp: Tensor, completion_mask: Tensor) -> tuple[float, int]:
+    """The policy/sampler drift of a minibatch as a sum and a count, so ranks combine it token-weighted:
+    ``(0.5 * sum_t |exp(logp_t - sampler_logp_t) - 1|, number of tokens)`` over every completion token.
+
+    Over the completion tokens, not the loss tokens: the total variation between the policy and the sampler does not
+    depend on rewards, so a minibatch whose groups are all masked (zero reward variance) still measures it.
+    ``rollout.refresh=adaptive`` reads ``sum / count`` (summed over ranks first).
+
+    Args:
+        logp: ``[B, T]`` policy log-probs.
+        sampler_logp: ``[B, T]`` sampler log-probs.
+        completion_mask: ``[B, T]`` bool or 0/1, the completion's tokens (no padding).
+
+    Returns:
+        ``(sum as a Python float, token count as an int)``; ``(0.0, 0)`` for an empty mask.
+
+    Raises:
+        ValueError: on shape mismatch.
+    """
+    if sampler_logp.shape != logp.shape or completion_mask.shape != logp.shape:
+        raise ValueError(f"logp, sampler_logp and completion_mask must share a shape, got {tuple(logp.shape)}, "
+                         f"{tuple(sampler_logp.shape)}, {tuple(completion_mask.shape)}")
+    m = completion_mask.bool()
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    tok = logp.detach().to(dtype)[m] - sampler_logp.detach().to(dtype)[m]
+    return float(0.5 * (tok.exp() - 1).abs().sum()), int(m.sum())
+
+
 def policy_sampler_divergence(logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Token- and sequence-level divergence estimates between the policy and the sampler (§3.6 item 5).
 

@@ -1,10 +1,10 @@
 """``rollout.refresh=adaptive``: refresh the sampler when the policy has drifted from it, not only every k steps.
 
 Before each optimizer step, :class:`DriftRefresh` reads the drift measured on the minibatch just trained: the
-token-level total-variation estimate ``0.5 * mean_t |pi / alpha - 1|`` over its loss tokens, taken by the
-training forward at the minibatch's first use (``train/tv_token``; the module writes it to the
-:class:`~grpolab.handle.PolicyHandle` the data module reads),
-averaged over ranks so every rank decides alike. When it passes ``rollout.max_drift`` the buffer ends at that
+token-level total-variation estimate ``0.5 * mean_t |pi / alpha - 1|`` over its completion tokens (every one,
+masked groups included: the drift does not depend on rewards), taken by the training forward at the minibatch's
+first use (the module writes it to the :class:`~grpolab.handle.PolicyHandle` the data module reads, as a sum and a
+token count), token-weighted over ranks so every rank decides alike (``rollout/drift`` logs the same number). When it passes ``rollout.max_drift`` the buffer ends at that
 minibatch boundary and the coming step samples a new one from the current policy. ``algo.steps_per_generation``
 stays the latest refresh. The estimate is free (no extra forward) and one update behind: it is the drift at the
 start of the last step, before that step's update. Theorem 1's bound is in terms of this divergence, so the
@@ -23,9 +23,8 @@ holds the counters, the last drift and the buffer in flight).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from grpolab.rollout.buffer import RolloutBuffer
 from grpolab.rollout.settings import RolloutSettings
@@ -51,16 +50,28 @@ class DriftRefresh:
         self.unused_minibatches = 0
         self.last = math.nan  # the drift read before the current step
 
-    def before_step(self, step: int, buffer: RolloutBuffer, measured: float | None, trainer: Any = None) -> float:
-        """End ``buffer`` if ``measured``, the drift of the last trained minibatch, passes the bound; returns the
-        drift averaged over ranks (NaN when disabled or nothing of this buffer was trained yet). Under DDP the
-        average is a collective (``trainer.strategy.reduce``): every rank calls this at the same step."""
+    def before_step(self, step: int, buffer: RolloutBuffer, measured: tuple[float, int] | float | None,
+                    sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] | None = None) -> float:
+        """End ``buffer`` if the drift of the last trained minibatch passes the bound; returns that drift (NaN when
+        disabled or nothing of this buffer was trained yet).
+
+        Args:
+            step: the coming optimizer step.
+            buffer: the buffer being served.
+            measured: this rank's ``(sum, tokens)`` (:func:`grpolab.algo.diagnostics.drift_sum`); a float from a
+                checkpoint of an older version counts as one token.
+            sum_over_ranks: sums a dict of floats over the data-parallel ranks (a collective every rank calls at the
+                same step; :func:`grpolab.distributed.sum_floats_over_ranks`); None in one process. The drift is
+                ``sum / tokens`` over every rank's completion tokens: one definition, token-weighted, which the
+                rule reads and ``rollout/drift`` logs.
+        """
         self.last = math.nan
         if not self.enabled or buffer.position == 0 or measured is None:
             return self.last
-        drift = measured
-        if trainer is not None and trainer.world_size > 1:  # every rank must take the same decision
-            drift = float(trainer.strategy.reduce(torch.tensor(drift), reduce_op="mean"))
+        total, tokens = (float(measured), 1) if isinstance(measured, (int, float)) else measured
+        local = {"sum": float(total), "tokens": float(tokens)}
+        summed = sum_over_ranks(local) if sum_over_ranks is not None else local
+        drift = summed["sum"] / summed["tokens"] if summed["tokens"] > 0 else 0.0
         self.last = drift
         if buffer.has_pending() and buffer.position % self.num_iterations == 0 and drift > self.max_drift:
             self.unused_minibatches += buffer.end_early()

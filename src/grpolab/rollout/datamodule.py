@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from grpolab.config import GRPOConfig
+from grpolab.distributed import sum_floats_over_ranks
 from grpolab.handle import PolicyHandle
 from grpolab.rollout.adaptive import DriftRefresh
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
@@ -127,7 +129,9 @@ class RolloutDataModule(L.LightningDataModule):
         step = int(self.trainer.global_step) if self.trainer is not None else 0
         self.ref_refreshed_at = refresh_reference_if_due(self.models, self.buffer, self.cfg, step, self.ref_refreshed_at,
                                                          self._precision)
-        self.drift_refresh.before_step(step, self.buffer, self.models.drift, self.trainer)
+        strategy = self.trainer.strategy if self.trainer is not None and self.trainer.world_size > 1 else None
+        self.drift_refresh.before_step(step, self.buffer, self.models.drift,
+                                       None if strategy is None else partial(sum_floats_over_ranks, strategy))
         if self.buffer.needs_refresh():
             self.buffer.fill(self.refresh.refill(step, self.buffer.rounds))
         self.refresh.before_step(step, self.buffer, self.trainer.max_steps if self.trainer else None)

@@ -43,8 +43,8 @@ class RolloutSettings:
             trainer then takes the buffer in flight and the sampler takes the current weights for the next one
             (:mod:`grpolab.rollout.adaptive`).
         max_drift: the drift bound of ``refresh=adaptive``, ``> 0``: the token-level total-variation estimate
-            ``0.5 * mean_t |pi / alpha - 1|`` over the loss tokens of the last trained minibatch (``train/tv_token``),
-            averaged over ranks.
+            ``0.5 * mean_t |pi / alpha - 1|`` over the completion tokens of the last trained minibatch, token-weighted
+            over ranks (``rollout/drift``).
 
     Raises:
         ValueError: naming ``rollout.<key>``.
