@@ -182,15 +182,39 @@ def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
     return p
 
 
-def load_checkpoint(path: str | Path) -> Any:
-    """A Lightning checkpoint, memory-mapped (its header and small entries are read, not the weights); a legacy
-    (non-zip) file, which cannot be memory-mapped, is read whole."""
+def load_checkpoint(path: str | Path, key: str = "ckpt_path", mmap: bool = True) -> Any:
+    """A Lightning checkpoint read with ``torch.load(weights_only=True)``: tensors, numbers, strings and containers
+    only, never code (a pickle that calls a function, e.g. ``os.system`` from a ``__reduce__``, is refused before
+    anything runs; Lightning's own resume loads the same way). Memory-mapped by default (its header and small
+    entries are read, not the weights); a legacy (non-zip) file, which cannot be memory-mapped, is read whole.
+
+    Every checkpoint this project writes loads so (the rollout buffer and the ``grpolab`` entry hold plain
+    values), so no safe globals are added.
+
+    Returns:
+        What the file holds (a dict for a Lightning checkpoint).
+
+    Raises:
+        ConfigError: naming ``key=path`` when the file holds anything but weights and plain values.
+    """
+    import pickle
+
     import torch
 
+    p = Path(path).expanduser()
     try:
-        return torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:
-        return torch.load(Path(path).expanduser(), map_location="cpu", weights_only=False)
+        try:
+            return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError:
+            if not mmap:
+                raise
+            return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        why = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), lines[0] if lines else "")
+        raise ConfigError(f"{key}={path}: refused to load: the file holds objects other than weights and plain "
+                          f"values, which could run code ({why}). grpolab's own checkpoints never do; load only "
+                          "checkpoints you trust") from err
 
 
 def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path") -> int:
@@ -204,7 +228,7 @@ def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path")
     Raises:
         ValueError: naming ``trainer.max_steps``, the checkpoint's step and the fix (a larger ``trainer.max_steps``).
     """
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, key)
     step = int(ckpt.get("global_step", 0)) if isinstance(ckpt, dict) else 0
     if isinstance(max_steps, int) and max_steps >= 0 and step >= max_steps:
         raise ConfigError(f"trainer.max_steps={max_steps} is already reached by {key}={path} (step {step}): nothing "

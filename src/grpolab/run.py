@@ -106,7 +106,7 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
             if cfg.val.at_start and not cfg.ckpt_path:
                 trainer.validate(module, datamodule=dm, verbose=False)
             try:
-                trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+                trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path, weights_only=True)  # never code
             except TrainingInterrupted as err:
                 log.warning("interrupted: %s", err)
             stopped = stop.agreed_signum(trainer)  # the ranks agree on skipping what follows (a collective)
