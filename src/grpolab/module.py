@@ -84,6 +84,7 @@ class GRPOModule(L.LightningModule):
         self._lag_max = 0
         self.skipped_steps = 0  # algo.skip_zero_grad_steps: optimizer steps left out (summary.json)
         self._frozen: dict | None = None  # grpolab.frozen_weights record of what checkpoints leave out
+        self._moved: set[str] = set()  # frozen keys a resumed checkpoint held with values a rebuild does not give
         self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
 
     @property
@@ -359,13 +360,18 @@ class GRPOModule(L.LightningModule):
         """What checkpoints leave out (computed once: frozen tensors do not change), or {} to keep every key:
         under FSDP (sharded state dicts) and for a reference that ``algo.ref_refresh_every`` moves."""
         if self._frozen is None:
-            self._frozen = {}
-            if not is_sharded(self.policy):
-                state = self.state_dict(keep_vars=True)
-                keys = [k for k in frozen_weights.frozen_keys(state)
-                        if not (self.cfg.ref_refresh_every and k.startswith("reference."))]
-                self._frozen = frozen_weights.describe(state, keys) if keys else {}
+            keys = self._frozen_keys()
+            self._frozen = frozen_weights.describe(self.state_dict(keep_vars=True), keys) if keys else {}
         return self._frozen
+
+    def _frozen_keys(self) -> list[str]:
+        """The state-dict keys checkpoints leave out under today's settings (none under FSDP; not the reference
+        when ``algo.ref_refresh_every`` moves it, nor one a resumed checkpoint held with other values than the
+        rebuilt one: a reference an earlier ``ref_refresh_every`` moved)."""
+        if is_sharded(self.policy):
+            return []
+        return [k for k in frozen_weights.frozen_keys(self.state_dict(keep_vars=True)) if k not in self._moved
+                and not (self.cfg.ref_refresh_every and k.startswith("reference."))]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
@@ -376,8 +382,16 @@ class GRPOModule(L.LightningModule):
         self._lag_max = state.get("lag_max", 0)
         self.skipped_steps = state.get("skipped_steps", 0)
         record = state.get(frozen_weights.RECORD_KEY)
+        if self.policy is None or is_sharded(self.policy):
+            return  # FSDP: sharded state dicts, nothing left out
+        module_state = self.state_dict(keep_vars=True)
         if record:  # a checkpoint without its frozen tensors: check the rebuilt ones and put them back (strict load)
             trainer = self._trainer
             source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
-            frozen_weights.restore(checkpoint["state_dict"], self.state_dict(keep_vars=True), record, source)
-            self._frozen = record
+            frozen_weights.restore(checkpoint["state_dict"], module_state, record, source)
+        # a reference the checkpoint held after ref_refresh_every moved it stays in later checkpoints, even when
+        # this run turned ref_refresh_every off: a rebuild from the config would put the initial one back
+        self._moved = frozen_weights.moved_keys(checkpoint["state_dict"], module_state, record)
+        # the next saves leave out what TODAY's settings freeze (a resume that turns on ref_refresh_every
+        # keeps the now-moving reference); the saved hashes are reused when the keys agree
+        self._frozen = record if record and set(record["keys"]) == set(self._frozen_keys()) else None
