@@ -236,6 +236,26 @@ def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path")
     return step
 
 
+SCALED_PRECISIONS = ("16-mixed", "16")  # Lightning's fp16 autocast with a GradScaler (16 is its alias)
+
+FP16_SCALER_MESSAGE = (
+    "is not supported: GRPOModule's manual optimization clips and checks the whole step's gradient (algo.max_grad_norm, "
+    "the non-finite check, algo.skip_zero_grad_steps) before Lightning's GradScaler unscales it, so it would clip the "
+    "scaled gradient and stop at the overflows the scaler is meant to skip. Use trainer.precision=bf16-mixed (GPUs "
+    "since Ampere, and CPU), or 32-true")
+
+
+def check_precision(trainer: Any) -> None:
+    """Refuse ``trainer.precision=16-mixed`` (fp16 autocast with loss scaling; see :data:`FP16_SCALER_MESSAGE`).
+
+    Raises:
+        ConfigError: naming ``trainer.precision`` and what to use instead.
+    """
+    precision = trainer.get("precision") if hasattr(trainer, "get") else None
+    if str(precision) in SCALED_PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision} {FP16_SCALER_MESSAGE}")
+
+
 def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:
     """The message for ``callbacks.model_checkpoint.every_n_train_steps`` set together with a ``monitor``.
 

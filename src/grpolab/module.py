@@ -29,8 +29,9 @@ from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncate
 from grpolab.algo.theorem1 import lower_bound_metrics
 from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
 from grpolab.config import GRPOConfig
+from grpolab.config_checks import FP16_SCALER_MESSAGE
 from grpolab.distributed import is_sharded, shard_models
-from grpolab.errors import NonFiniteLossError
+from grpolab.errors import ConfigError, NonFiniteLossError
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
@@ -117,6 +118,8 @@ class GRPOModule(L.LightningModule):
 
     # -------------------------------------------------------------------------------------- training
     def on_fit_start(self) -> None:
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:  # fp16 loss scaling, however given
+            raise ConfigError(f"a precision plugin with a GradScaler (trainer.precision=16-mixed) {FP16_SCALER_MESSAGE}")
         self._fit_start = time.perf_counter()
 
     def _anchor(self, mb: Minibatch, start: int, stop: int, current: torch.Tensor) -> torch.Tensor:
