@@ -142,3 +142,23 @@ def test_a_resume_that_turns_on_ref_refresh_every_keeps_the_moving_reference(tmp
     got = again[again["step"] >= 4].dropna(subset=["train/loss"])[cols].reset_index(drop=True)
     assert len(got) == 2 and (got["train/kl"] > 0).any()
     pd.testing.assert_frame_equal(tail, got)
+
+def _tail(frame, after: int, cols=("train/loss", "train/kl")):
+    rows = frame[frame["step"] >= after].dropna(subset=["train/loss"])
+    return rows[list(cols)].reset_index(drop=True)
+
+
+def test_a_resume_that_turns_off_ref_refresh_every_keeps_the_moved_reference(tmp_path):
+    """A run with ``algo.ref_refresh_every`` saves its moved reference; resumed without it (then frozen, so left out
+    of checkpoints by default), the moved reference must stay in the next checkpoints: resuming again from one of
+    them equals the first resumed run (before, the initial reference was rebuilt and the resume refused as another
+    model). The opposite direction (turning it on) is test_a_resume_that_turns_on_ref_refresh_every_... ."""
+    moving = [*FULL, "algo.truncated_reward=-1.0", "algo.learning_rate=1e-2"]  # reward variance: the policy moves
+    _run(tmp_path / "a", *moving, "algo.ref_refresh_every=1")  # the reference moves at steps 1-3
+    _, b = _run(tmp_path / "b", *moving, "trainer.max_steps=8",
+                f"ckpt_path={tmp_path / 'a' / 'checkpoints' / 'step4.ckpt'}")
+    step6 = tmp_path / "b" / "checkpoints" / "step6.ckpt"
+    assert any(k.startswith("reference.") for k in torch.load(step6, weights_only=True)["state_dict"])
+    _, c = _run(tmp_path / "c", *moving, "trainer.max_steps=8", f"ckpt_path={step6}")
+    assert len(_tail(c, 6)) == 2 and _tail(c, 6)["train/kl"].gt(0).all()
+    pd.testing.assert_frame_equal(_tail(b, 6), _tail(c, 6))

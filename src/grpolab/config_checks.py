@@ -182,34 +182,39 @@ def check_checkpoint(path: str | Path, key: str = "ckpt_path") -> Path:
     return p
 
 
-def load_checkpoint(path: str | Path, mmap: bool = True) -> Any:
-    """A Lightning checkpoint, loaded without running code: ``torch.load(weights_only=True)``, as Lightning's own
-    loader does, so a crafted pickle cannot call a function (``os.system``, say) while it is read.
+def load_checkpoint(path: str | Path, key: str = "ckpt_path", mmap: bool = True) -> Any:
+    """A Lightning checkpoint read with ``torch.load(weights_only=True)``: tensors, numbers, strings and containers
+    only, never code (a pickle that calls a function, e.g. ``os.system`` from a ``__reduce__``, is refused before
+    anything runs; Lightning's own resume loads the same way). Memory-mapped by default (its header and small
+    entries are read, not the weights); a legacy (non-zip) file, which cannot be memory-mapped, is read whole.
 
-    With ``mmap`` the file is memory-mapped (its header and small entries are read, not the weights); a legacy
-    (non-zip) file, which cannot be memory-mapped, is read whole.
+    Every checkpoint this project writes loads so (the rollout buffer and the ``grpolab`` entry hold plain
+    values), so no safe globals are added.
+
+    Returns:
+        What the file holds (a dict for a Lightning checkpoint).
 
     Raises:
-        ConfigError: naming the path when the file holds anything but tensors, containers and plain values
-            (torch's ``UnpicklingError``: a checkpoint from another program, or one that would run code).
+        ConfigError: naming ``key=path`` when the file holds anything but weights and plain values.
     """
     import pickle
 
     import torch
 
-    file = Path(path).expanduser()
+    p = Path(path).expanduser()
     try:
         try:
-            return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+            return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
         except RuntimeError:
             if not mmap:
                 raise
-            return torch.load(file, map_location="cpu", weights_only=True)
+            return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"{file}: refused to load: it holds more than tensors and plain values, and loading it "
-                          f"could run code ({first}). Only load checkpoints written by grpolab or Lightning "
-                          f"that you trust") from None
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        why = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line), lines[0] if lines else "")
+        raise ConfigError(f"{key}={path}: refused to load: the file holds objects other than weights and plain "
+                          f"values, which could run code ({why}). grpolab's own checkpoints never do; load only "
+                          "checkpoints you trust") from err
 
 
 def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path") -> int:
@@ -223,12 +228,32 @@ def check_resume_steps(path: str | Path, max_steps: Any, key: str = "ckpt_path")
     Raises:
         ValueError: naming ``trainer.max_steps``, the checkpoint's step and the fix (a larger ``trainer.max_steps``).
     """
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, key)
     step = int(ckpt.get("global_step", 0)) if isinstance(ckpt, dict) else 0
     if isinstance(max_steps, int) and max_steps >= 0 and step >= max_steps:
         raise ConfigError(f"trainer.max_steps={max_steps} is already reached by {key}={path} (step {step}): nothing "
                          f"to train. To continue the run, resume with trainer.max_steps=<larger than {step}>")
     return step
+
+
+SCALED_PRECISIONS = ("16-mixed", "16")  # Lightning's fp16 autocast with a GradScaler (16 is its alias)
+
+FP16_SCALER_MESSAGE = (
+    "is not supported: GRPOModule's manual optimization clips and checks the whole step's gradient (algo.max_grad_norm, "
+    "the non-finite check, algo.skip_zero_grad_steps) before Lightning's GradScaler unscales it, so it would clip the "
+    "scaled gradient and stop at the overflows the scaler is meant to skip. Use trainer.precision=bf16-mixed (GPUs "
+    "since Ampere, and CPU), or 32-true")
+
+
+def check_precision(trainer: Any) -> None:
+    """Refuse ``trainer.precision=16-mixed`` (fp16 autocast with loss scaling; see :data:`FP16_SCALER_MESSAGE`).
+
+    Raises:
+        ConfigError: naming ``trainer.precision`` and what to use instead.
+    """
+    precision = trainer.get("precision") if hasattr(trainer, "get") else None
+    if str(precision) in SCALED_PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision} {FP16_SCALER_MESSAGE}")
 
 
 def checkpoint_cadence_warning(cfg: DictConfig) -> str | None:

@@ -12,6 +12,10 @@ the rebuilt frozen tensors against the recorded one and puts them back into the 
 stays strict; a model built differently (another ``model.path``, ``model.seed`` or warm start) is refused with
 :class:`FrozenWeightsMismatch` instead of resuming against other weights. Checkpoints written before this (with
 every key) load unchanged.
+
+What a resumed run leaves out follows its own settings: a resume that turns ``algo.ref_refresh_every`` on keeps the
+(now moving) reference, and a frozen tensor the checkpoint held with other values than the rebuilt one (a reference
+an earlier refresh moved, resumed with ``ref_refresh_every`` off) stays in later checkpoints (:func:`moved_keys`).
 """
 
 from __future__ import annotations
@@ -72,6 +76,28 @@ def describe(state: Mapping[str, torch.Tensor], keys: list[str]) -> dict:
     """The record of ``keys`` left out of a checkpoint: ``{"keys": [...], "fingerprints": {group: hash}}``, one
     hash per top-level name (``policy``, ``reference``) so that a reader of one group can check it alone."""
     return {"keys": list(keys), "fingerprints": {g: fingerprint(state, ks) for g, ks in _groups(keys).items()}}
+
+
+def moved_keys(checkpoint_state: Mapping[str, torch.Tensor], module_state: Mapping[str, torch.Tensor],
+               record: dict | None) -> set[str]:
+    """The frozen keys a checkpoint held (not left out by its ``record``) with other values than the rebuilt
+    module's: a reference that ``algo.ref_refresh_every`` moved before the resume. Later checkpoints must keep
+    them, since a rebuild from the config would not give them back (one comparison per tensor, at resume).
+
+    Args:
+        checkpoint_state: the checkpoint's ``state_dict`` (any device).
+        module_state: the rebuilt module's ``state_dict(keep_vars=True)``, with the checkpoint's key names.
+        record: the checkpoint's record (:func:`describe`), or None when it left nothing out.
+    """
+    left_out = set((record or {}).get("keys", []))
+    moved = set()
+    for key in frozen_keys(module_state):
+        if key in left_out or key not in checkpoint_state:
+            continue
+        built = module_state[key].detach()
+        if not torch.equal(checkpoint_state[key].to(built.device), built):
+            moved.add(key)
+    return moved
 
 
 def strip(checkpoint_state: MutableMapping[str, torch.Tensor], record: dict) -> None:

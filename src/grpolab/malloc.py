@@ -14,6 +14,11 @@ fixes it with
 ``mallopt(M_MMAP_THRESHOLD, ...)``, which also turns the dynamic adjustment off, and exports
 ``MALLOC_MMAP_THRESHOLD_`` so the run's child processes (DDP ranks, a vLLM engine core or server) start with it.
 ``null`` keeps glibc's default (measured 8-31% less CPU per step, under load). Elsewhere (macOS, musl, Windows) it does nothing.
+
+Jobs of one Hydra multirun share a process: each job sets its own threshold and ``MALLOC_MMAP_THRESHOLD_`` (a job
+with ``null`` puts the variable back as the process started), so no job inherits an earlier job's value. glibc has
+no call that turns its dynamic threshold back on, so a ``null`` job after a fixed one keeps the fixed threshold in
+the trainer process, with a warning (its child processes do start dynamic).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3          # glibc's <malloc.h>
 MAX_THRESHOLD = 32 << 20       # glibc's HEAP_MAX / DEFAULT_MMAP_THRESHOLD_MAX on 64-bit: mallopt refuses more
 ENV = "MALLOC_MMAP_THRESHOLD_"
+_START_ENV = os.environ.get(ENV)  # the variable as the process started (a user's own value wins for children)
+_fixed: list[int] = []  # the thresholds this process's glibc was fixed at (mallopt cannot undo it)
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -79,14 +86,24 @@ def set_mmap_threshold(setting: object, model_target: str | None = None) -> bool
     """Fix glibc's mmap threshold at ``setting`` bytes (``auto``: :func:`check_mmap_threshold`) in this process and
     export it to child processes.
 
+    ``None`` sets ``MALLOC_MMAP_THRESHOLD_`` back as the process started (a multirun's earlier job may have
+    exported its own); if an earlier job fixed glibc's threshold, it stays fixed here (glibc cannot undo it) and a
+    warning says so.
+
     Returns:
-        True when it was set; False for ``None`` or a C library other than glibc (nothing is changed).
+        True when it was set; False for ``None`` or a C library other than glibc (the threshold is not changed).
 
     Raises:
         ConfigError: for a setting that is neither None nor bytes in [0, 32 MiB].
     """
     threshold = check_mmap_threshold(setting, model_target)
     if threshold is None:
+        _export(None)
+        if _fixed:
+            log.warning("malloc_mmap_threshold=%s asks for glibc's dynamic mmap threshold, but an earlier job of this "
+                        "process (a multirun) fixed it at %d bytes and glibc cannot turn the dynamic one back on: "
+                        "this job keeps %d. For jobs that do not depend on their order give every job of the sweep "
+                        "the same malloc_mmap_threshold", setting, _fixed[-1], _fixed[-1])
         return False
     libc = _glibc()
     if libc is None:
@@ -96,8 +113,19 @@ def set_mmap_threshold(setting: object, model_target: str | None = None) -> bool
     if libc.mallopt(M_MMAP_THRESHOLD, threshold) != 1:
         log.warning("mallopt(M_MMAP_THRESHOLD, %d) failed; glibc keeps its dynamic threshold", threshold)
         return False
-    os.environ.setdefault(ENV, str(threshold))  # DDP ranks, vLLM engine cores and servers start with it
+    _fixed.append(threshold)
+    _export(threshold)  # DDP ranks, vLLM engine cores and servers start with it
     return True
+
+
+def _export(threshold: int | None) -> None:
+    """``MALLOC_MMAP_THRESHOLD_`` for child processes: the value the process started with if it had one, else
+    ``threshold`` (None: unset)."""
+    value = _START_ENV if _START_ENV is not None else (None if threshold is None else str(threshold))
+    if value is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = value
 
 
 def apply_config(cfg: Any) -> bool:

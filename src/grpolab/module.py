@@ -35,8 +35,9 @@ from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncate
 from grpolab.algo.theorem1 import lower_bound_metrics
 from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
 from grpolab.config import GRPOConfig
+from grpolab.config_checks import FP16_SCALER_MESSAGE
 from grpolab.distributed import is_sharded, shard_models
-from grpolab.errors import NonFiniteLossError
+from grpolab.errors import ConfigError, NonFiniteLossError
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
 from grpolab.rollout.buffer import Minibatch
@@ -90,6 +91,7 @@ class GRPOModule(L.LightningModule):
         self._lag_max = 0
         self.skipped_steps = 0  # algo.skip_zero_grad_steps: optimizer steps left out (summary.json)
         self._frozen: dict | None = None  # grpolab.frozen_weights record of what checkpoints leave out
+        self._moved: set[str] = set()  # frozen keys a resumed checkpoint held with values a rebuild does not give
         self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
 
     @property
@@ -122,6 +124,8 @@ class GRPOModule(L.LightningModule):
 
     # -------------------------------------------------------------------------------------- training
     def on_fit_start(self) -> None:
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:  # fp16 loss scaling, however given
+            raise ConfigError(f"a precision plugin with a GradScaler (trainer.precision=16-mixed) {FP16_SCALER_MESSAGE}")
         self._fit_start = time.perf_counter()
 
     def _anchor(self, mb: Minibatch, start: int, stop: int, current: torch.Tensor) -> torch.Tensor:
@@ -383,11 +387,12 @@ class GRPOModule(L.LightningModule):
 
     def _frozen_keys(self) -> list[str]:
         """The state-dict keys checkpoints leave out under today's settings (none under FSDP; not the reference
-        when ``algo.ref_refresh_every`` moves it)."""
+        when ``algo.ref_refresh_every`` moves it, nor one a resumed checkpoint held with other values than the
+        rebuilt one: a reference an earlier ``ref_refresh_every`` moved)."""
         if is_sharded(self.policy):
             return []
-        return [k for k in frozen_weights.frozen_keys(self.state_dict(keep_vars=True))
-                if not (self.cfg.ref_refresh_every and k.startswith("reference."))]
+        return [k for k in frozen_weights.frozen_keys(self.state_dict(keep_vars=True)) if k not in self._moved
+                and not (self.cfg.ref_refresh_every and k.startswith("reference."))]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
@@ -404,10 +409,16 @@ class GRPOModule(L.LightningModule):
         self._lag_max = state.get("lag_max", 0)
         self.skipped_steps = state.get("skipped_steps", 0)
         record = state.get(frozen_weights.RECORD_KEY)
+        if self.policy is None or is_sharded(self.policy):
+            return  # FSDP: sharded state dicts, nothing left out
+        module_state = self.state_dict(keep_vars=True)
         if record:  # a checkpoint without its frozen tensors: check the rebuilt ones and put them back (strict load)
             trainer = self._trainer
             source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
-            frozen_weights.restore(checkpoint["state_dict"], self.state_dict(keep_vars=True), record, source)
-            # the next saves leave out what TODAY's settings freeze (a resume that turns on ref_refresh_every
-            # keeps the now-moving reference); the saved hashes are reused when the keys agree
-            self._frozen = record if set(record["keys"]) == set(self._frozen_keys()) else None
+            frozen_weights.restore(checkpoint["state_dict"], module_state, record, source)
+        # a reference the checkpoint held after ref_refresh_every moved it stays in later checkpoints, even when
+        # this run turned ref_refresh_every off: a rebuild from the config would put the initial one back
+        self._moved = frozen_weights.moved_keys(checkpoint["state_dict"], module_state, record)
+        # the next saves leave out what TODAY's settings freeze (a resume that turns on ref_refresh_every
+        # keeps the now-moving reference); the saved hashes are reused when the keys agree
+        self._frozen = record if record and set(record["keys"]) == set(self._frozen_keys()) else None

@@ -26,6 +26,7 @@ from grpolab.config import GRPOConfig
 from grpolab.config_checks import (
     check_checkpoint,
     check_paths,
+    check_precision,
     check_required,
     check_resume_steps,
     check_types,
@@ -85,6 +86,7 @@ def preflight(cfg: DictConfig) -> Checked:
                           f"{cache!r}: e.g. rollout.cache_implementation=dynamic")
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
+    check_precision(cfg.trainer)  # 16-mixed: a GradScaler our manual clipping cannot see
     check_final_eval(cfg.get("final_eval"))
     if cfg.get("ckpt_path"):
         check_saved_rollout(cfg.ckpt_path, algo, cfg.trainer, drop)

@@ -110,7 +110,8 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
         try:
             if cfg.val.at_start and not cfg.ckpt_path:
                 _phase(stop, trainer, "start validation", trainer.validate, module, datamodule=dm, verbose=False)
-            trained = _phase(stop, trainer, "training", trainer.fit, module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+            trained = _phase(stop, trainer, "training", trainer.fit, module, datamodule=dm, ckpt_path=cfg.ckpt_path,
+                             weights_only=True)  # never code
             last_val = module.val_history[-1]["step"] if module.val_history else None
             if trained and last_val != module.global_step:
                 _phase(stop, trainer, "final validation", trainer.validate, module, datamodule=dm, verbose=False)

@@ -27,6 +27,10 @@ from grpolab.malloc import SMALL_MODEL_TARGETS  # one thread under torch_threads
 
 log = logging.getLogger(__name__)
 
+#: torch's intra-op thread count when grpolab first touched it (this module's import, before any run changed it):
+#: a job whose ``torch_threads`` leaves torch's default gets this, also after an earlier job of the same process
+#: (a Hydra multirun) set another count, so jobs of one grid do not depend on their order
+ORIGINAL_THREADS = torch.get_num_threads()
 
 
 def resolve_torch_threads(setting: object, model_target: str | None) -> int | None:
@@ -71,13 +75,16 @@ def oversubscription_warning(load: float, cores: int, threads: int) -> str | Non
 def apply_torch_threads(setting: object, model_target: str | None) -> int:
     """Set torch's intra-op threads from ``torch_threads`` and warn (one line) when the machine is oversubscribed.
 
-    Call it before any model is built. Returns the thread count in effect.
+    Call it before any model is built (every job of a multirun does). A setting that leaves torch's default sets
+    :data:`ORIGINAL_THREADS` back, so a job never inherits the count of an earlier job in the same process.
+    Returns the thread count in effect.
 
     Raises:
         ValueError: see :func:`resolve_torch_threads`.
     """
-    threads = resolve_torch_threads(setting, model_target)
-    if threads is not None and torch.get_num_threads() != threads:
+    resolved = resolve_torch_threads(setting, model_target)
+    threads = ORIGINAL_THREADS if resolved is None else resolved
+    if torch.get_num_threads() != threads:
         log.info("torch CPU threads: %d -> %d (torch_threads=%s)", torch.get_num_threads(), threads, setting)
         torch.set_num_threads(threads)
     in_effect = torch.get_num_threads()

@@ -95,6 +95,7 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
 
     Raises:
         FileNotFoundError: if ``ckpt_path`` does not exist.
+        grpolab.errors.ConfigError: if ``ckpt_path`` holds anything but weights and plain values (it could run code).
         grpolab.frozen_weights.FrozenWeightsMismatch: the config builds another LoRA base than the checkpoint's.
         KeyError: if the checkpoint has no ``state_dict`` or no ``policy.`` weights.
         RuntimeError: if the checkpoint's weights do not fit the model config (the message lists keys).
@@ -104,7 +105,7 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
         from grpolab.config_checks import check_checkpoint, load_checkpoint
 
         path = check_checkpoint(cfg.ckpt_path)  # missing, empty or truncated: an error naming the path
-        ckpt = load_checkpoint(path, mmap=False)  # weights_only: a crafted file cannot run code
+        ckpt = load_checkpoint(path, mmap=False)  # weights and plain values only: a file that runs code is refused
         if "state_dict" not in ckpt:
             raise KeyError(f"{path}: not a Lightning checkpoint (no 'state_dict'; keys: {sorted(ckpt)[:8]})")
         frozen_weights.restore_policy(ckpt, policy, str(path))  # a LoRA base the checkpoint left out
