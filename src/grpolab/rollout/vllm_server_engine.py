@@ -63,6 +63,35 @@ def _probe_from_rank0(probe: Any, prompts: list[list[int]], temperature: float,
     return box[0]
 
 
+def check_weight_versions(choice: dict[str, Any], label: str | None, num_tokens: int, url: str) -> None:
+    """The stale-sampler guard on one answer of ``/inference/v1/generate``: every sampled token must carry the
+    weight version ``label`` promised by the last push.
+
+    Args:
+        choice: ``answer["choices"][0]``, whose ``weight_versions`` is a list of ``{"version", "start", "end"}``
+            spans over the output tokens (vLLM >= 0.32's token-in/token-out endpoint, ``--enable-scale-out``).
+        label: the version the server was promised. num_tokens: tokens sampled. url: the server, for the message.
+
+    Raises:
+        ServerError: the answer has no ``weight_versions`` (a build or server that does not report them: the guard
+            cannot pass vacuously), its spans do not cover every token, or a token was sampled with another label.
+    """
+    spans = choice.get("weight_versions")
+    if spans is None or (num_tokens and not spans):
+        raise ServerError(f"the vLLM server at {url} answered without weight_versions, so a stale sampler could not "
+                          "be detected: rollout=vllm_server needs a vLLM >= 0.32 server started with "
+                          "--enable-scale-out and VLLM_SERVER_DEV_MODE=1 (what a server the run starts uses; set "
+                          "them on the server given by rollout.server.url)")
+    versions = {span.get("version") for span in spans}
+    covered = sum(int(span.get("end", 0)) - int(span.get("start", 0)) for span in spans)
+    if versions - {label}:
+        raise ServerError(f"the server sampled with weights {sorted(map(str, versions))} but was promised {label!r} "
+                          "(a stale or foreign sampler)")
+    if covered != num_tokens:
+        raise ServerError(f"the vLLM server at {url} labelled {covered} of {num_tokens} sampled tokens with a weight "
+                          "version (weight_versions); a stale sampler could not be excluded")
+
+
 def _rank_world() -> tuple[int, int]:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -342,11 +371,8 @@ class VLLMServerEngine(GenerationEngine):
     def _request(self, body: dict) -> tuple[list[int], list[float] | None]:
         out = self.client.call("/inference/v1/generate", body, self.settings.request_timeout_s)
         choice = out["choices"][0]
-        versions = {span["version"] for span in choice.get("weight_versions") or []}
-        if versions - {self._label}:
-            raise ServerError(f"the server sampled with weights {sorted(versions)} but was promised {self._label!r} "
-                              "(a stale or foreign sampler)")
         ids = list(choice.get("token_ids") or [])
+        check_weight_versions(choice, self._label, len(ids), self.client.url)
         content = (choice.get("logprobs") or {}).get("content")
         logp = [c["logprob"] for c in content][:len(ids)] if content is not None else None
         return ids, logp
