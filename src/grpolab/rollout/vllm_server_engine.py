@@ -44,7 +44,7 @@ from grpolab.rollout.completions import to_generation
 from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.hf_engine import HFGenerationEngine
 from grpolab.rollout.vllm_check import check_push
-from grpolab.rollout.vllm_server import ServerClient, ServerError, ServerProcess, free_port
+from grpolab.rollout.vllm_server import RequestPool, ServerClient, ServerError, ServerProcess, free_port
 from grpolab.rollout.vllm_server_config import ServerSettings, check_engine_args, server_args
 from grpolab.rollout.vllm_server_push import FilePush, NcclPush
 
@@ -179,7 +179,7 @@ class VLLMServerEngine(GenerationEngine):
         self.process: ServerProcess | None = None
         self.client: ServerClient | None = None
         self._transport: FilePush | NcclPush | None = None
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self._pool: RequestPool | None = None
         self._label: str | None = None  # the weight version the server was promised
         self._version: int | None = None  # the optimizer step of those weights
         self._checks_left = STARTUP_CHECKS
@@ -212,7 +212,7 @@ class VLLMServerEngine(GenerationEngine):
         models = self.client.call("/v1/models", None, s.request_timeout_s)["data"]
         self._model_name = models[0]["id"]
         self._max_len = int(models[0].get("max_model_len") or 0)
-        self._pool = cf.ThreadPoolExecutor(max_workers=s.max_in_flight, thread_name_prefix="vllm-server-request")
+        self._pool = RequestPool(s.max_in_flight, "vllm-server-request")
         if rank == 0:
             if s.transport(torch.cuda.is_available()) == "nccl":
                 device = next(model.parameters()).device
@@ -250,7 +250,7 @@ class VLLMServerEngine(GenerationEngine):
     def close(self) -> None:
         """Stop the server this run started (its whole process group), the request pool and the transport."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(timeout_s=2.0)  # daemon threads: a request left waiting never holds the exit
             self._pool = None
         if self._transport is not None:
             self._transport.close()
