@@ -50,9 +50,24 @@ def main(cfg: DictConfig) -> float | None:
             print_plan(cfg)
             return None
         summary = task_wrapper(_train)(cfg)
+    if summary is not None and summary.get("failed"):  # a sampler failure: outputs saved, one line, exit 1
+        _report_failure(cfg, summary["failure"])
     if summary is not None and summary.get("interrupted"):  # Ctrl-C / SIGTERM: outputs saved, exit 130 / 143
         sys.exit(128 + signal.Signals[summary["signal"]])
     return None if summary is None else summary.get("val_accuracy_end")
+
+
+def _report_failure(cfg: DictConfig, failure: dict) -> None:
+    """One line on stderr: the failure, what was saved and the command that resumes; exit 1."""
+    from hydra.core.hydra_config import HydraConfig
+
+    ckpt = failure.get("ckpt_path")
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("ckpt_path=")]
+    resume = (f"; saved {ckpt}; resume with: python src/train.py {' '.join(overrides)} ckpt_path={ckpt}" if ckpt
+              else "; no checkpoint saved at the failure: resume from the last periodic one in checkpoints/")
+    print(f"train.py: error: the sampler failed after step {failure['step']}: {failure['reason'][:300]}{resume} "
+          f"(summary.json has the traceback)", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def _train(cfg: DictConfig) -> dict:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
+from grpolab.callbacks.sampler_failure import SaveOnSamplerFailure, summary_keys
 from grpolab.callbacks.threads import apply_torch_threads
 from grpolab.cli import resume_command
 from grpolab.config import GRPOConfig
@@ -28,6 +29,7 @@ from grpolab.plan_check import plan_summary
 from grpolab.preflight import Checked, preflight
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
+from grpolab.rollout.sampler_failure import SamplerFailure
 
 log = logging.getLogger("grpolab")
 
@@ -82,6 +84,7 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
                     Path(cfg.paths.output_dir) / "checkpoints")
     stop = StopOnSignal(ckpt_dir)
     callbacks.append(stop)
+    callbacks.append(SaveOnSamplerFailure(ckpt_dir))  # a sampler failure: last.ckpt at the last completed step
     silence_expected_lightning_warnings()
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
     trainer = _build(cfg, "trainer", callbacks=callbacks, logger=loggers)
@@ -110,8 +113,13 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
         try:
             if cfg.val.at_start and not cfg.ckpt_path:
                 _phase(stop, trainer, "start validation", trainer.validate, module, datamodule=dm, verbose=False)
-            trained = _phase(stop, trainer, "training", trainer.fit, module, datamodule=dm, ckpt_path=cfg.ckpt_path,
-                             weights_only=True)  # never code
+            try:
+                trained = _phase(stop, trainer, "training", trainer.fit, module, datamodule=dm,
+                                 ckpt_path=cfg.ckpt_path, weights_only=True)  # never code
+            except SamplerFailure as err:  # saved by SaveOnSamplerFailure; the outputs are written now
+                parts["failure"] = err
+                log.error("%s", err)
+                return write_outputs(cfg, parts, final, time.perf_counter() - start)
             last_val = module.val_history[-1]["step"] if module.val_history else None
             if trained and last_val != module.global_step:
                 _phase(stop, trainer, "final validation", trainer.validate, module, datamodule=dm, verbose=False)
@@ -162,6 +170,7 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
                    stopped_in=stop.stopped_in if stop.signum else None)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
     summary.update(final, memory_plan=plan_summary(cfg))
+    summary.update(summary_keys(parts.get("failure"), getattr(parts["datamodule"].engine, "restarts", 0)))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))

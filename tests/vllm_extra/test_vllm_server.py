@@ -32,6 +32,7 @@ from test_vllm_engine import (  # noqa: E402
 
 from grpolab.models import TinyCharModel  # noqa: E402
 from grpolab.rollout.engine import SamplingParams  # noqa: E402
+from grpolab.rollout.sampler_failure import SamplerFailure  # noqa: E402
 from grpolab.rollout.vllm_server import ServerError  # noqa: E402
 from grpolab.rollout.vllm_server_engine import VLLMServerEngine  # noqa: E402
 from grpolab.run import build, summarize  # noqa: E402
@@ -171,9 +172,10 @@ def test_a_server_killed_mid_run_stops_it_naming_the_step_and_leaves_no_process(
     trainer.callbacks.append(KillServer())
     try:
         # the refresh at step 4 pushes first: the push finds the server gone
-        with pytest.raises(ServerError, match=r"step 4: the weight push \(file\) failed: the vLLM server at "
-                                              r"http://127\.0\.0\.1:\d+ dropped /pause"):
+        with pytest.raises(SamplerFailure, match=r"step 4: the weight push \(file\) failed: the vLLM server at "
+                                                 r"http://127\.0\.0\.1:\d+ dropped /pause"):
             trainer.fit(module, datamodule=dm)
+        assert (tmp_path / "checkpoints" / "last.ckpt").exists()  # the last completed step, saved at the failure
         assert time.monotonic() - killed["t"] < 30
         assert dm.engine.process.proc.returncode == -signal.SIGKILL
         assert not dm.engine.process._group_alive()  # the engine core and workers are gone too

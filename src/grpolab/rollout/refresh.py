@@ -28,6 +28,7 @@ from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder
 from grpolab.rollout.sampler import SamplerPolicy
+from grpolab.rollout.sampler_failure import SamplerFailure
 from grpolab.rollout.settings import RolloutSettings
 
 log = logging.getLogger(__name__)
@@ -82,20 +83,25 @@ class SyncRefresh:
 
         Raises:
             NonFiniteLossError: the policy's probabilities are not finite (sampling cannot proceed).
+            SamplerFailure: the push or the sampler failed (the prompt order and counters are put back first).
         """
         start = time.perf_counter()
+        before = (self.prompts.state_dict(), dict(self.producer.counters))  # put back if the sampler fails
         rows = [self.train_rows[i] for i in self.take_indices()]
         torch.manual_seed(self.seed_of(round_index))
-        self.sampler.push(self.models.policy, step)
         try:
+            self.sampler.push(self.models.policy, step)
             with self.precision():
                 minibatches = self.producer.produce(self.sampler.module(self.models.policy), self.models.reference,
                                                     rows, round_index, step)
-        except RuntimeError as err:
-            if "inf" in str(err) or "nan" in str(err):
+        except Exception as err:
+            self.prompts.load_state_dict(before[0])
+            self.producer.counters.clear()
+            self.producer.counters.update(before[1])
+            if isinstance(err, RuntimeError) and ("inf" in str(err) or "nan" in str(err)):
                 raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
                                          f"({err}); lower algo.learning_rate") from err
-            raise
+            raise SamplerFailure(step, err) from err
         self.time_rollout_s += time.perf_counter() - start
         return minibatches
 

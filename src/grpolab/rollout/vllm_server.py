@@ -17,13 +17,16 @@ server to a private interface.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures as cf
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -101,6 +104,63 @@ class ServerClient:
                 return resp.status == 200
         except (urllib.error.URLError, OSError, TimeoutError):
             return False
+
+
+class RequestPool:
+    """At most ``max_workers`` requests at once, in daemon threads: a request still waiting on a server (up to
+    ``rollout.server.request_timeout_s``) never holds the process's exit, as ``concurrent.futures``' threads do
+    (they are joined at interpreter exit).
+
+    Args:
+        max_workers: threads at most (started as needed, then kept).
+        name: the threads' name prefix.
+    """
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.max_workers, self.name = int(max_workers), name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def submit(self, fn: Any, *args: Any) -> cf.Future:
+        """Run ``fn(*args)`` in a pool thread. Returns its future. Raises RuntimeError after :meth:`shutdown`."""
+        if self._closed:
+            raise RuntimeError(f"{self.name}: the request pool is shut down")
+        future: cf.Future = cf.Future()
+        self._jobs.put((future, fn, args))
+        if not self._idle.acquire(blocking=False) and len(self._threads) < self.max_workers:
+            t = threading.Thread(target=self._loop, name=f"{self.name}-{len(self._threads)}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return future
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as err:  # noqa: BLE001 - handed to the caller through the future
+                    future.set_exception(err)
+            self._idle.release()
+
+    def shutdown(self, timeout_s: float = 2.0) -> None:
+        """Cancel the requests not started, and wait at most ``timeout_s`` in all for those in flight (their
+        threads are daemons: one still waiting on a server is left to its own timeout). Idempotent."""
+        self._closed = True
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

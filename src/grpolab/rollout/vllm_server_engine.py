@@ -44,7 +44,7 @@ from grpolab.rollout.completions import to_generation
 from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.hf_engine import HFGenerationEngine
 from grpolab.rollout.vllm_check import check_push
-from grpolab.rollout.vllm_server import ServerClient, ServerError, ServerProcess, free_port
+from grpolab.rollout.vllm_server import RequestPool, ServerClient, ServerError, ServerProcess, free_port
 from grpolab.rollout.vllm_server_config import ServerSettings, check_engine_args, server_args
 from grpolab.rollout.vllm_server_push import FilePush, NcclPush
 
@@ -61,6 +61,35 @@ def _probe_from_rank0(probe: Any, prompts: list[list[int]], temperature: float,
     box = [probe(prompts, temperature, max_tokens) if probe is not None else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def check_weight_versions(choice: dict[str, Any], label: str | None, num_tokens: int, url: str) -> None:
+    """The stale-sampler guard on one answer of ``/inference/v1/generate``: every sampled token must carry the
+    weight version ``label`` promised by the last push.
+
+    Args:
+        choice: ``answer["choices"][0]``, whose ``weight_versions`` is a list of ``{"version", "start", "end"}``
+            spans over the output tokens (vLLM >= 0.32's token-in/token-out endpoint, ``--enable-scale-out``).
+        label: the version the server was promised. num_tokens: tokens sampled. url: the server, for the message.
+
+    Raises:
+        ServerError: the answer has no ``weight_versions`` (a build or server that does not report them: the guard
+            cannot pass vacuously), its spans do not cover every token, or a token was sampled with another label.
+    """
+    spans = choice.get("weight_versions")
+    if spans is None or (num_tokens and not spans):
+        raise ServerError(f"the vLLM server at {url} answered without weight_versions, so a stale sampler could not "
+                          "be detected: rollout=vllm_server needs a vLLM >= 0.32 server started with "
+                          "--enable-scale-out and VLLM_SERVER_DEV_MODE=1 (what a server the run starts uses; set "
+                          "them on the server given by rollout.server.url)")
+    versions = {span.get("version") for span in spans}
+    covered = sum(int(span.get("end", 0)) - int(span.get("start", 0)) for span in spans)
+    if versions - {label}:
+        raise ServerError(f"the server sampled with weights {sorted(map(str, versions))} but was promised {label!r} "
+                          "(a stale or foreign sampler)")
+    if covered != num_tokens:
+        raise ServerError(f"the vLLM server at {url} labelled {covered} of {num_tokens} sampled tokens with a weight "
+                          "version (weight_versions); a stale sampler could not be excluded")
 
 
 def _rank_world() -> tuple[int, int]:
@@ -150,7 +179,7 @@ class VLLMServerEngine(GenerationEngine):
         self.process: ServerProcess | None = None
         self.client: ServerClient | None = None
         self._transport: FilePush | NcclPush | None = None
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self._pool: RequestPool | None = None
         self._label: str | None = None  # the weight version the server was promised
         self._version: int | None = None  # the optimizer step of those weights
         self._checks_left = STARTUP_CHECKS
@@ -183,7 +212,7 @@ class VLLMServerEngine(GenerationEngine):
         models = self.client.call("/v1/models", None, s.request_timeout_s)["data"]
         self._model_name = models[0]["id"]
         self._max_len = int(models[0].get("max_model_len") or 0)
-        self._pool = cf.ThreadPoolExecutor(max_workers=s.max_in_flight, thread_name_prefix="vllm-server-request")
+        self._pool = RequestPool(s.max_in_flight, "vllm-server-request")
         if rank == 0:
             if s.transport(torch.cuda.is_available()) == "nccl":
                 device = next(model.parameters()).device
@@ -221,7 +250,7 @@ class VLLMServerEngine(GenerationEngine):
     def close(self) -> None:
         """Stop the server this run started (its whole process group), the request pool and the transport."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(timeout_s=2.0)  # daemon threads: a request left waiting never holds the exit
             self._pool = None
         if self._transport is not None:
             self._transport.close()
@@ -342,11 +371,8 @@ class VLLMServerEngine(GenerationEngine):
     def _request(self, body: dict) -> tuple[list[int], list[float] | None]:
         out = self.client.call("/inference/v1/generate", body, self.settings.request_timeout_s)
         choice = out["choices"][0]
-        versions = {span["version"] for span in choice.get("weight_versions") or []}
-        if versions - {self._label}:
-            raise ServerError(f"the server sampled with weights {sorted(versions)} but was promised {self._label!r} "
-                              "(a stale or foreign sampler)")
         ids = list(choice.get("token_ids") or [])
+        check_weight_versions(choice, self._label, len(ids), self.client.url)
         content = (choice.get("logprobs") or {}).get("content")
         logp = [c["logprob"] for c in content][:len(ids)] if content is not None else None
         return ids, logp

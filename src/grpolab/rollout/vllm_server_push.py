@@ -18,6 +18,8 @@ A push is never skipped silently: every failure raises :class:`~grpolab.rollout.
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import tempfile
 import time
@@ -29,12 +31,44 @@ import torch
 
 from grpolab.rollout.vllm_server import ServerClient, ServerError
 
+log = logging.getLogger(__name__)
+
 WEIGHTS_FILE = "model.safetensors"
+PUSH_PREFIX = "grpolab-push-"  # + the owner's pid + "-" + a random suffix
 
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
     """Bytes of the tensors of a state dict (what a push moves)."""
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale_push_folders(base: str | Path) -> list[Path]:
+    """Remove the push folders (``grpolab-push-<pid>-*``) under ``base`` whose owning process is gone (a run killed
+    with SIGKILL or by the OOM killer never ran its clean-up; each holds a model-sized file in memory).
+
+    Returns:
+        The folders removed. A folder of a live process, or one that cannot be removed, is left in place.
+    """
+    removed = []
+    for path in Path(base).glob(f"{PUSH_PREFIX}*"):
+        pid = path.name[len(PUSH_PREFIX):].split("-", 1)[0]
+        if path.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                removed.append(path)
+                log.warning("removed %s, the weight-push folder of a run (pid %s) that ended without cleaning up",
+                            path, pid)
+    return removed
 
 
 def _begin(client: ServerClient, timeout_s: float) -> None:
@@ -68,8 +102,11 @@ class FilePush:
     def __init__(self, client: ServerClient, folder: str | None = None) -> None:
         self.client = client
         if folder is None:
-            base = "/dev/shm" if Path("/dev/shm").is_dir() else None
-            self._tmp = tempfile.TemporaryDirectory(prefix="grpolab-push-", dir=base)
+            base = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
+            sweep_stale_push_folders(base)
+            # removed at close, at interpreter exit (the finalizer) and, after a kill -9 or an OOM kill, by the
+            # next run's sweep: the owner's pid is in the name
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"{PUSH_PREFIX}{os.getpid()}-", dir=base)
             self.folder = Path(self._tmp.name)
         else:
             self._tmp = None

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import pickle
+import queue
 import select
 import signal
 import struct
@@ -75,14 +76,56 @@ class _FrameReader:
             self.fill()
 
 
-def _worker_main() -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCHDOG_S = 1.0  # how often a worker checks that its training process still lives (where prctl is missing)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Make this worker go when the training process ``parent`` dies, whatever it is doing.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, which the kernel delivers even to a worker stuck in a C call that
+    holds the GIL (the parent *thread* counts: workers are started from a thread that lives as long as the training
+    process, :func:`_spawn`). Everywhere: a daemon thread that exits the worker once ``os.getppid()`` is no longer
+    ``parent`` (also covers a parent that died before the prctl). SIGTERM ends the worker once the training process
+    is gone; while it lives, SIGTERM and SIGINT are ignored: a terminal's Ctrl-C or SLURM's SIGTERM to every process
+    of a job reaches the trainer too, which finishes its step (with these workers' rewards) and closes them.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def orphaned() -> bool:
+        return os.getppid() != parent
+
+    def on_term(signum: int, frame: Any) -> None:
+        if orphaned():
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_term)
+    if orphaned():
+        os._exit(1)
+
+    def watch() -> None:
+        while not orphaned():
+            time.sleep(WATCHDOG_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="grpolab-parent-watchdog", daemon=True).start()
+
+
+def _worker_main(parent: int | None = None) -> None:
     """Entry point of a worker process (run as an import, so pickled classes keep their module name).
 
-    Ctrl-C and SIGTERM sent to the whole process group (a terminal, SLURM) are ignored: the training process
-    decides when to stop, and closes its workers (or they see end-of-file on stdin when it dies).
+    Args:
+        parent: the training process's pid; the worker goes when it dies (:func:`_die_with_parent`).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if parent is not None:
+        _die_with_parent(parent)
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints from libraries must not corrupt the protocol pipe
     reader = _FrameReader(0)
@@ -101,15 +144,60 @@ def _worker_main() -> None:
             _write_frame(out_fd, ("result", index, _call(funcs, item)))
 
 
+class _Spawner:
+    """One daemon thread per process that starts every worker: Linux's parent-death signal fires when the thread
+    that forked a child exits, and pools are often first used from short-lived threads (a background rollout job)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="grpolab-reward-spawner", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, box, done = self.jobs.get()
+            try:
+                box.append(fn())
+            except BaseException as err:  # handed to the caller
+                box.append(err)
+            done.set()
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        box: list = []
+        done = threading.Event()
+        self.jobs.put((fn, box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(fn: Callable[[], Any]) -> Any:
+    """``fn()`` (a ``Popen``) in the main thread, or else in this process's long-lived spawner thread."""
+    global _spawner
+    if threading.current_thread() is threading.main_thread():
+        return fn()
+    with _spawner_lock:
+        if _spawner is None or _spawner.pid != os.getpid():  # a forked child (DataLoader worker) needs its own
+            _spawner = _Spawner()
+    return _spawner.run(fn)
+
+
 class _Worker:
     def __init__(self, payload: dict) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from grpolab.verifiers.process_pool import _worker_main; _worker_main()"],
+        code = f"from grpolab.verifiers.process_pool import _worker_main; _worker_main({os.getpid()})"
+        self.proc = _spawn(lambda: subprocess.Popen(
+            [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,
             close_fds=True,
-        )
+            start_new_session=True,  # a terminal's Ctrl-C to the trainer's group is the trainer's to handle
+        ))
         self.wfd = self.proc.stdin.fileno()
         self.reader = _FrameReader(self.proc.stdout.fileno())
         self.state = "starting"
