@@ -30,7 +30,7 @@ def test_algo_configs_validate(tmp_path, algo):
     cfg = compose_train_cfg(tmp_path, [f"algo={algo}"])
     algo_cfg = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
     expected = {"grpo_onpolicy": (1, 1), "grpo_offpolicy": (10, 1), "grpo_reuse": (1, 10),
-                "grpo_async": (1, 1)}.get(algo, (10, 1))
+                "grpo_async": (1, 1), "grpo_onpolicy_prev_window": (1, 1)}.get(algo, (10, 1))
     assert (algo_cfg.steps_per_generation, algo_cfg.num_iterations) == expected
     assert algo_cfg.name == algo
     # algo=grpo_async alone turns asynchronous generation on (a rollout setting), with the PPO window
@@ -38,6 +38,8 @@ def test_algo_configs_validate(tmp_path, algo):
     if algo == "grpo_async":
         assert algo_cfg.clip_mode == "ppo"
         assert compose_train_cfg(tmp_path, ["algo=grpo_async", "rollout=vllm"]).rollout.async_generation is True
+    if algo == "grpo_onpolicy_prev_window":  # on-policy with the window on pi/pi_{t-1}, synchronous
+        assert algo_cfg.ratio_reference == "previous" and algo_cfg.clip_mode == "ppo"
     if algo.startswith("grpo_offpolicy"):  # the paper's setting and the claim study's candidates, one change each
         changed = {"grpo_offpolicy_ppo": algo_cfg.clip_mode == "ppo", "grpo_offpolicy_cap": algo_cfg.importance_weight_cap == 2.0,
                    "grpo_offpolicy_anchor": algo_cfg.ratio_reference == "anchor", "grpo_offpolicy": True}[algo]

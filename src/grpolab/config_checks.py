@@ -143,7 +143,8 @@ def check_types(cfg: DictConfig, groups: tuple[str, ...] = ("data", "verifier", 
                 errors.append(msg)
     val = cfg.get("val")
     if val is not None:
-        for key, allowed in (("num_generations", (int,)), ("batch_size", (int,)), ("at_start", (bool,))):
+        for key, allowed in (("num_generations", (int,)), ("batch_size", (int,)), ("at_start", (bool,)),
+                             ("max_prompts", (int, type(None)))):
             if key in val:
                 msg = type_error(f"val.{key}", OmegaConf.select(cfg, f"val.{key}"), allowed)
                 if msg:

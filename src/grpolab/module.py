@@ -40,6 +40,7 @@ from grpolab.distributed import is_sharded, shard_models
 from grpolab.errors import ConfigError, NonFiniteLossError
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
+from grpolab.previous_policy import PreviousPolicy
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
 
@@ -93,6 +94,7 @@ class GRPOModule(L.LightningModule):
         self._frozen: dict | None = None  # grpolab.frozen_weights record of what checkpoints leave out
         self._moved: set[str] = set()  # frozen keys a resumed checkpoint held with values a rebuild does not give
         self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
+        self._previous: PreviousPolicy | None = None  # pi_{t-1}'s weights (algo.ratio_reference=previous)
 
     @property
     def tokenizer(self) -> Any:
@@ -110,6 +112,8 @@ class GRPOModule(L.LightningModule):
         if self._device_mesh is not None:  # trainer=fsdp (Lightning ModelParallelStrategy): FSDP2 shards
             shard_models(self.policy, self.reference, self._device_mesh)
         self.models.policy, self.models.reference = self.policy, self.reference
+        if self.cfg.ratio_reference == "previous":
+            self._previous = PreviousPolicy(self.policy)
 
     def configure_optimizers(self) -> Any:
         opt = self.optimizer_factory(params=[p for p in self.policy.parameters() if p.requires_grad])
@@ -154,11 +158,18 @@ class GRPOModule(L.LightningModule):
             cur = logp.detach()
             sampler = rows["sampler_logp"] if rows["sampler_logp"] is not None else cur
             anchor = self._anchor(mb, s, s + size, cur)
+            previous = None  # log pi_{t-1} (algo.ratio_reference=previous): one no-grad forward, same rows
+            if self._previous is not None:
+                with torch.no_grad(), self._previous.swapped_in(self.policy):
+                    previous = completion_log_probs(self.policy, rows["prompt_ids"], rows["prompt_mask"],
+                                                    rows["completion_ids"], rows["completion_mask"], c.temperature,
+                                                    shared_prompt=c.shared_prompt_forward)[0]
             weights = None
             if c.vllm_importance_sampling_correction and rows["engine_logp"] is not None:  # TRL's truncated IS
                 weights = truncated_importance_weights(sampler, rows["engine_logp"], c.vllm_importance_sampling_cap)
             loss, st = grpo_loss(logp, sampler, anchor, rows["advantages"], rows["loss_mask"], c,
-                                 denominator, rows["ref_logp"], token_weights=weights, lag=mb.lag)
+                                 denominator, rows["ref_logp"], token_weights=weights, lag=mb.lag,
+                                 previous_logp=previous)
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(f"step {step}: loss is {loss.item()} in micro-batch starting at row {s} "
                                          f"(ratio max {float(st.get('ratio_max', math.nan))}, "
@@ -179,6 +190,8 @@ class GRPOModule(L.LightningModule):
         if c.skip_zero_grad_steps and grad_norm == 0.0:
             opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
+        if self._previous is not None:  # these weights are pi_{t-1} of the next step
+            self._previous.snapshot(self.policy)
         opt.step()
         opt.zero_grad(set_to_none=True)
         self._check_weights(step)
@@ -361,6 +374,8 @@ class GRPOModule(L.LightningModule):
                                  "val_history": self.val_history,
                                  "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
                                  "lag_max": self._lag_max, "skipped_steps": self.skipped_steps}
+        if self._previous is not None:
+            checkpoint["grpolab"]["previous_policy"] = self._previous.state_dict()
         record = self._frozen_record()
         if record:  # the frozen reference / LoRA base: rebuilt from the config at resume (grpolab.frozen_weights)
             frozen_weights.strip(checkpoint["state_dict"], record)
@@ -408,6 +423,8 @@ class GRPOModule(L.LightningModule):
         self.num_tokens = state.get("num_tokens", 0)
         self._lag_max = state.get("lag_max", 0)
         self.skipped_steps = state.get("skipped_steps", 0)
+        if self._previous is not None and "previous_policy" in state:
+            self._previous.load_state_dict(state["previous_policy"], self.policy)
         record = state.get(frozen_weights.RECORD_KEY)
         if self.policy is None or is_sharded(self.policy):
             return  # FSDP: sharded state dicts, nothing left out

@@ -72,6 +72,7 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
                          pad_token_id=tokenizer.pad_token_id)
     datamodule = RolloutDataModule(task, verifier, engine, algo, settings, seed=cfg.seed,
                                    val_batch_size=cfg.val.batch_size, val_num_generations=cfg.val.num_generations,
+                                   val_max_prompts=cfg.val.get("max_prompts"),
                                    resume_drop_buffer=checked.resume_drop_buffer)
     datamodule.connect(tokenizer, module.models)
     callbacks = [_build(cfg.callbacks, k) for k in cfg.get("callbacks") or {}]

@@ -39,8 +39,9 @@ class LossConfig:
         loss_type: a registered aggregation: ``"grpo"``, ``"bnpo"``, ``"dr_grpo"`` or ``"dapo"``
             (:mod:`grpolab.algo.aggregation`).
         max_completion_length: the constant ``L_max`` of ``dr_grpo`` (required for it), ``> 0``.
-        ratio_reference: ``"sampler"`` (``pi / alpha``, window from ``clip_mode``) or ``"anchor"``
-            (``pi / pi_k``, window ``[1 - eps, 1 + eps_high]``).
+        ratio_reference: ``"sampler"`` (``pi / alpha``, window from ``clip_mode``), ``"anchor"``
+            (``pi / pi_k``, window ``[1 - eps, 1 + eps_high]``) or ``"previous"`` (``pi / pi_{t-1}``, the policy
+            before the last optimizer step; needs ``clip_mode="ppo"``: the window ``[1 - eps, 1 + eps_high]``).
         importance_weight_cap: ``None`` or a finite ``c >= 1``: caps the centre ``pi_k / alpha`` (and scales the
             ratio alike) to ``c``; only for the variants that list it (``offpolicy_grpo``, with
             ``ratio_reference="sampler"``).
@@ -87,6 +88,9 @@ class LossConfig:
             )
         if self.ratio_reference not in RATIO_REFERENCES:
             raise ConfigError(f"algo.ratio_reference must be one of {RATIO_REFERENCES}, got {self.ratio_reference!r}")
+        if self.ratio_reference == "previous" and self.clip_mode != "ppo":
+            raise ConfigError("algo.ratio_reference=previous (ratio pi/pi_{t-1}) takes the PPO window: it needs "
+                              f"algo.clip_mode=ppo, got algo.clip_mode={self.clip_mode!r}")
         if not (_is_number(self.beta) and self.beta >= 0):
             raise ConfigError(f"algo.beta must be a finite number >= 0, got {self.beta!r}")
         if self.kl_estimator not in KL_ESTIMATORS:

@@ -26,12 +26,14 @@ __all__ = ["LossConfig", "clip_bounds", "grpo_loss", "loss_denominator", "loss_s
            "merge_loss_stats"]
 
 
-def _check_shapes(logp, sampler_logp, anchor_logp, advantages, loss_mask, ref_logp) -> None:
+def _check_shapes(logp, sampler_logp, anchor_logp, advantages, loss_mask, ref_logp, previous_logp=None) -> None:
     if logp.dim() != 2:
         raise ValueError(f"logp must have shape [B, T], got {tuple(logp.shape)}")
     named = {"sampler_logp": sampler_logp, "anchor_logp": anchor_logp, "loss_mask": loss_mask}
     if ref_logp is not None:
         named["ref_logp"] = ref_logp
+    if previous_logp is not None:
+        named["previous_logp"] = previous_logp
     for name, t in named.items():
         if t.shape != logp.shape:
             raise ValueError(f"{name} must have the shape of logp {tuple(logp.shape)}, got {tuple(t.shape)}")
@@ -54,6 +56,7 @@ def grpo_loss(
     ref_logp: Tensor | None = None,
     token_weights: Tensor | None = None,
     lag: int = 0,
+    previous_logp: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO loss of one micro-batch (to MINIMISE).
 
@@ -80,6 +83,8 @@ def grpo_loss(
             truncated importance weights of the engine/trainer mismatch (TRL multiplies ``per_token_loss`` by
             them when ``vllm_importance_sampling_correction`` is on); None = 1.
         lag: the minibatch's staleness in optimizer steps (:attr:`PolicyLossInputs.lag`), 0 on-policy.
+        previous_logp: ``[B, T]`` ``log pi_{t-1}``, the policy before the last optimizer step, detached; required
+            by ``cfg.ratio_reference="previous"`` (:func:`~grpolab.previous_policy.PreviousPolicy`), else unused.
 
     Returns:
         ``(loss, stats)``: ``loss`` is a 0-dim tensor (this micro-batch's sum / ``denominator``);
@@ -89,13 +94,16 @@ def grpo_loss(
         ``grad_weight_*``, ``clip_*``), then ``kl_sum`` (only when ``ref_logp`` is given).
 
     Raises:
-        ValueError: on shape mismatch, ``beta > 0`` without ``ref_logp``, a negative or non-finite
+        ValueError: on shape mismatch, ``beta > 0`` without ``ref_logp``, ``ratio_reference="previous"``
+            without ``previous_logp``, a negative or non-finite
             denominator, a zero denominator while this micro-batch has loss tokens, an unknown
             ``clip_mode``/``loss_type``, or variant stats that reuse a key of the generic ones.
     """
-    _check_shapes(logp, sampler_logp, anchor_logp, advantages, loss_mask, ref_logp)
+    _check_shapes(logp, sampler_logp, anchor_logp, advantages, loss_mask, ref_logp, previous_logp)
     if cfg.beta > 0 and ref_logp is None:
         raise ValueError("ref_logp is required when algo.beta > 0")
+    if cfg.ratio_reference == "previous" and previous_logp is None:
+        raise ValueError("previous_logp (log pi_{t-1}) is required when algo.ratio_reference=previous")
     if not (math.isfinite(denominator) and denominator >= 0):
         raise ValueError(f"denominator must be finite and >= 0, got {denominator}")
     variant, aggregation = get_policy_loss(cfg.clip_mode), get_aggregation(cfg.loss_type)
@@ -116,6 +124,7 @@ def grpo_loss(
         advantages=advantages.detach().to(logp.dtype).unsqueeze(1),
         mask=mask,
         lag=int(lag),
+        previous_logp=None if previous_logp is None else torch.where(mask, previous_logp.detach().to(logp.dtype), zeros),
     )
     per_token, variant_stats = variant.fn(inputs, cfg)
     kl = None

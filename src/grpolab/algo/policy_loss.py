@@ -36,7 +36,7 @@ from torch import Tensor
 from grpolab.errors import ConfigError
 
 IS_LEVELS = ("token", "sequence", "sequence_sum")
-RATIO_REFERENCES = ("sampler", "anchor")
+RATIO_REFERENCES = ("sampler", "anchor", "previous")
 HIGH_WEIGHT = 2.0  # importance weights above this count as "large" in the stats (grad_weight_high_sum, ...)
 
 
@@ -53,6 +53,8 @@ class PolicyLossInputs:
         mask: ``[B, T]`` bool, the loss mask.
         lag: optimizer steps between the sampler's weights and this step (0 on-policy; one value for the
             minibatch), for variants that weigh by staleness.
+        previous_logp: ``[B, T]``, ``log pi_{t-1}`` of the policy before the last optimizer step, detached
+            (``algo.ratio_reference=previous`` only; None otherwise).
     """
 
     logp: Tensor
@@ -61,6 +63,7 @@ class PolicyLossInputs:
     advantages: Tensor
     mask: Tensor
     lag: int = 0
+    previous_logp: Tensor | None = None
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, Any], "tuple[Tensor, dict[str, Tensor]]"]
@@ -136,7 +139,8 @@ class Ratios:
 
     Attributes:
         ratio: ``r = pi_theta / base`` (carries the gradient), ``base`` from ``algo.ratio_reference``.
-        centre: ``pi_k / base`` (1 with the anchor as base), detached.
+        centre: ``pi_k / base`` (1 with the anchor as base; ``pi_k / pi_{t-1}`` with the previous policy,
+            unused by ``ppo``'s window), detached.
         anchor_ratio: ``pi_k / alpha`` whatever the reference (for the statistics), detached.
     """
 
@@ -148,9 +152,11 @@ class Ratios:
 def importance_ratios(inp: PolicyLossInputs, cfg: Any) -> Ratios:
     """The ratios of the clipped variants.
 
-    ``base`` is ``sampler_logp`` (``ratio_reference="sampler"``: ``r = pi / alpha``) or ``anchor_logp``
+    ``base`` is ``sampler_logp`` (``ratio_reference="sampler"``: ``r = pi / alpha``), ``anchor_logp``
     (``"anchor"``: ``r = pi / pi_k``, 1 at first use, no correction for ``alpha != pi_k``: what TRL computes
-    with a stale vLLM sampler and ``num_iterations = 1``). Levels (``importance_sampling_level``): ``token``
+    with a stale vLLM sampler and ``num_iterations = 1``) or ``previous_logp`` (``"previous"``: ``r = pi /
+    pi_{t-1}``, the policy before the last optimizer step, also without correction for the sampler: at
+    ``k = i = 1`` a PPO window around the previous step's policy on samples of the current one). Levels (``importance_sampling_level``): ``token``
     (one ratio per token, TRL's default); ``sequence`` (GSPO, Zheng et al. 2025: ``r_t = sg[s_i] *
     exp(logp_t - sg[logp_t])`` with ``s_i = exp(mean_t log r_t)`` over the loss tokens, so the gradient of
     ``r_t`` w.r.t. ``logp_t`` is ``s_i``); ``sequence_sum`` (the paper's ``pi(y|x) / alpha(y|x)``: ``r_t = s_i =
@@ -163,9 +169,17 @@ def importance_ratios(inp: PolicyLossInputs, cfg: Any) -> Ratios:
 
     Returns:
         :class:`Ratios`.
+
+    Raises:
+        ValueError: ``ratio_reference="previous"`` without ``inp.previous_logp``.
     """
     mask = inp.mask
-    base = inp.anchor_logp if cfg.ratio_reference == "anchor" else inp.sampler_logp
+    if cfg.ratio_reference == "previous":
+        if inp.previous_logp is None:
+            raise ValueError("algo.ratio_reference=previous needs previous_logp (log pi_{t-1}), got None")
+        base = inp.previous_logp
+    else:
+        base = inp.anchor_logp if cfg.ratio_reference == "anchor" else inp.sampler_logp
     log_r = inp.logp - base
     log_r_centre = inp.anchor_logp - base  # 0 with the anchor as base: the window is centred on 1
     log_r_anchor = inp.anchor_logp - inp.sampler_logp  # pi_k / alpha, for the stats

@@ -62,16 +62,22 @@ class RolloutDataModule(L.LightningDataModule):
         val_batch_size: held-out prompts per validation batch.
         val_num_generations: samples per held-out prompt (mean@n at the training temperature), plus one greedy.
         resume_drop_buffer: on resume with settings that shape the saved buffer changed, drop it instead of refusing.
+        val_max_prompts: periodic validation scores only the first N rows of the val split (None = all), so a val
+            split made large for selection (``final_eval.split=val``) does not make every validation as large.
 
     Call :meth:`connect` before ``trainer.fit``.
     """
 
     def __init__(self, task: Any, verifier: Any, engine: GenerationEngine, cfg: GRPOConfig,
                  settings: RolloutSettings | None = None, seed: int = 0, val_batch_size: int = 64,
-                 val_num_generations: int = 4, resume_drop_buffer: bool = False) -> None:
+                 val_num_generations: int = 4, resume_drop_buffer: bool = False,
+                 val_max_prompts: int | None = None) -> None:
         super().__init__()
         if val_num_generations < 1:
             raise ValueError(f"val.num_generations must be >= 1, got {val_num_generations}")
+        if val_max_prompts is not None and val_max_prompts < 1:
+            raise ValueError(f"val.max_prompts must be null or an int >= 1, got {val_max_prompts}")
+        self.val_max_prompts = val_max_prompts
         self.task, self.verifier, self.engine, self.cfg, self.seed = task, verifier, engine, cfg, seed
         self.settings = settings or RolloutSettings()
         self.val_batch_size, self.val_num_generations = val_batch_size, val_num_generations
@@ -115,7 +121,7 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(_Tickets(), batch_size=None, collate_fn=_identity)
 
     def val_dataloader(self) -> DataLoader:
-        rows = self.task.splits()["val"]
+        rows = self.task.splits()["val"][:self.val_max_prompts]
         chunks = [rows[i:i + self.val_batch_size] for i in range(0, len(rows), self.val_batch_size)]
         return DataLoader(chunks, batch_size=None, collate_fn=_identity)
 
