@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -98,7 +99,8 @@ class SyncRefresh:
             self.prompts.load_state_dict(before[0])
             self.producer.counters.clear()
             self.producer.counters.update(before[1])
-            if isinstance(err, RuntimeError) and ("inf" in str(err) or "nan" in str(err)):
+            # torch's sampling error names `inf`/`nan` as words; a server's message may hold "/inference/..."
+            if isinstance(err, RuntimeError) and re.search(r"\b(inf|nan)\b", str(err)):
                 raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
                                          f"({err}); lower algo.learning_rate") from err
             raise SamplerFailure(step, err) from err
