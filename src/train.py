@@ -53,7 +53,9 @@ def main(cfg: DictConfig) -> float | None:
 
 def _train(cfg: DictConfig) -> dict:
     from grpolab.preflight import preflight
+    from grpolab.slurm import resume_after_requeue
 
+    resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt
     checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
     from grpolab.run import run_training
 

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
+from grpolab.callbacks.interrupt import SIGNALS, StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.callbacks.threads import apply_torch_threads
 from grpolab.config import GRPOConfig
@@ -27,6 +27,7 @@ from grpolab.plan_check import plan_summary
 from grpolab.preflight import Checked, preflight
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
+from grpolab.slurm import requeue, requeue_signals
 
 log = logging.getLogger("grpolab")
 
@@ -79,7 +80,7 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
     # Ctrl-C / SIGTERM: last.ckpt at the next step boundary, next to the ModelCheckpoint that owns last.ckpt
     ckpt_dir = next((c.dirpath for c in callbacks if isinstance(c, ModelCheckpoint) and c.save_last and c.dirpath),
                     Path(cfg.paths.output_dir) / "checkpoints")
-    stop = StopOnSignal(ckpt_dir)
+    stop = StopOnSignal(ckpt_dir, signals=SIGNALS + requeue_signals())  # SLURM's USR1/USR2: stop and requeue
     callbacks.append(stop)
     silence_expected_lightning_warnings()
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
@@ -118,7 +119,9 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
                 final = run_final_eval(cfg, module, dm, parts["task"], out, write=trainer.is_global_zero)
         finally:
             dm.engine.close()
-        return write_outputs(cfg, parts, final, time.perf_counter() - start)
+        summary = write_outputs(cfg, parts, final, time.perf_counter() - start)
+    requeue(stop.signum)  # SLURM's USR1/USR2 (rank 0): outputs saved, the job goes back to the queue
+    return summary
 
 
 def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float) -> dict:

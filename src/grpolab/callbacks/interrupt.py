@@ -60,11 +60,14 @@ class StopOnSignal(L.Callback):
 
     Args:
         ckpt_dir: where ``last.ckpt`` goes (the ``ModelCheckpoint`` dirpath, so a later save_last overwrites it).
+        signals: the signals that stop the run (default SIGINT, SIGTERM; inside SLURM also USR1/USR2, see
+            :mod:`grpolab.slurm`).
     """
 
-    def __init__(self, ckpt_dir: str | Path) -> None:
+    def __init__(self, ckpt_dir: str | Path, signals: tuple[int, ...] = SIGNALS) -> None:
         super().__init__()
         self.ckpt_dir = Path(ckpt_dir)
+        self.signals = tuple(signals)
         self.signum: int | None = None  # the signal this process received
         self._previous: dict[int, Any] = {}
         self._trainer: L.Trainer | None = None
@@ -72,7 +75,7 @@ class StopOnSignal(L.Callback):
     # ------------------------------------------------------------------ handlers
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.getsignal(s) for s in SIGNALS}
+            self._previous = {s: signal.getsignal(s) for s in self.signals}
             self._install()
         return self
 
@@ -83,7 +86,7 @@ class StopOnSignal(L.Callback):
 
     def _install(self) -> None:
         if self._previous and threading.current_thread() is threading.main_thread():
-            for s in SIGNALS:
+            for s in self.signals:
                 signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
