@@ -12,6 +12,8 @@ import pytest
 from conftest import REPO_ROOT
 from slurm_helpers import ENV, require_cluster, train_cmd
 
+pytestmark = pytest.mark.slow  # minutes of SLURM round trips: started first under -n auto
+
 SWEEP = ["hydra/launcher=slurm", "trainer.max_steps=2", "val.at_start=false", "seed=0,1"]
 
 

@@ -17,6 +17,8 @@ from conftest import REPO_ROOT
 from safetensors.torch import load_file
 from slurm_helpers import ENV, job_info, require_cluster, sbatch, train_cmd, wait_job
 
+pytestmark = pytest.mark.slow  # minutes of SLURM round trips: started first under -n auto
+
 TOTAL = 30
 COMMON = ["val.at_start=false", "trainer.val_check_interval=1000", "callbacks.completions.every_n_steps=1000",
           f"trainer.max_steps={TOTAL}"]
