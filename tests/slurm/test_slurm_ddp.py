@@ -27,7 +27,9 @@ def test_a_two_task_srun_job_trains_as_lightnings_own_ddp_launcher(tmp_path):
     res = subprocess.run(train_cmd(*DDP, f"hydra.run.dir={lightning}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
                          text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
-    srun = ["srun", "--ntasks=2", "--cpus-per-task=1", "--kill-on-bad-exit=1", "--job-name=grpolab_ddp",
+    # --ntasks-per-node = trainer.devices (Lightning's SLURMEnvironment refuses a bare --ntasks)
+    srun = ["srun", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--kill-on-bad-exit=1",
+            "--job-name=grpolab_ddp",
             *train_cmd(*DDP, f"hydra.run.dir={slurm}")]
     res = subprocess.run(srun, cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
