@@ -75,3 +75,38 @@ def test_a_job_that_fails_for_a_config_error_is_not_requeued(tmp_path):
     log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", (info, log[-2000:])
     assert "train.py: error: algo.epsilonn" in log, log[-2000:]
+
+
+def test_a_multirun_job_signalled_by_submitits_usr2_requeues_and_the_sweep_ends_complete(tmp_path, reference):
+    """``hydra/launcher=slurm``: the USR2 Hydra's submitit launcher asks for before the time limit stops the job at a
+    step boundary, it requeues itself, resumes in the same sweep folder, and the sweep command ends with the
+    uninterrupted run's weights."""
+    require_cluster()
+    name = f"grpolab_usr2_{tmp_path.name[-12:]}"
+    cmd = train_cmd("hydra/launcher=slurm", *COMMON, "seed=0", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                    f"hydra.launcher.name={name}")
+    cmd.insert(2, "-m")
+    sweep = subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (rows := list((tmp_path / "sweep").glob("0_*/metrics.csv"))) or \
+                len(rows[0].read_text().splitlines()) <= 3:
+            assert sweep.poll() is None, sweep.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no training steps within 180 s"
+            time.sleep(0.1)
+        job = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                             timeout=30).stdout.split()[0]
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+        info = wait_job(job)
+        output = sweep.communicate(timeout=120)[0]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0 and info["Restarts"] == "1", (info, output[-3000:])
+    run = rows[0].parent
+    log = "".join(p.read_text() for p in (tmp_path / "sweep" / ".submitit").glob("*/*_log.out"))
+    assert "SIGUSR2: SLURM job" in log and "resuming from" in log, log[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] is False and summary["steps"] == TOTAL
+    got, want = load_file(run / "policy" / "model.safetensors"), load_file(reference / "policy" / "model.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)
