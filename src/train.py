@@ -72,7 +72,9 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
 
 def _train(cfg: DictConfig) -> dict:
     from grpolab.preflight import preflight
+    from grpolab.slurm import resume_after_requeue
 
+    resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt
     checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
     from grpolab.run import run_training
 

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.callbacks.interrupt import StopOnSignal, TrainingInterrupted
+from grpolab.callbacks.interrupt import SIGNALS, StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.callbacks.sampler_failure import SaveOnSamplerFailure, summary_keys
 from grpolab.callbacks.threads import apply_torch_threads
@@ -30,6 +30,7 @@ from grpolab.preflight import Checked, preflight
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.sampler_failure import SamplerFailure
+from grpolab.slurm import requeue, requeue_signals
 
 log = logging.getLogger("grpolab")
 
@@ -83,7 +84,7 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
     # Ctrl-C / SIGTERM: last.ckpt at the next step boundary, next to the ModelCheckpoint that owns last.ckpt
     ckpt_dir = next((c.dirpath for c in callbacks if isinstance(c, ModelCheckpoint) and c.save_last and c.dirpath),
                     Path(cfg.paths.output_dir) / "checkpoints")
-    stop = StopOnSignal(ckpt_dir)
+    stop = StopOnSignal(ckpt_dir, signals=SIGNALS + requeue_signals())  # SLURM's USR1/USR2: stop and requeue
     callbacks.append(stop)
     callbacks.append(SaveOnSamplerFailure(ckpt_dir))  # a sampler failure: last.ckpt at the last completed step
     silence_expected_lightning_warnings()
@@ -138,6 +139,8 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
                                 interrupted=bool(stop.signum) and not trained)
     if summary["interrupted"] and trainer.is_global_zero:
         log.warning("to continue this run: %s", resume_command(stop.ckpt_path))
+    # SLURM's USR1/USR2 (rank 0): outputs saved, the job goes back to the queue; a run that finished stays done
+    requeue(stop.signum if summary["interrupted"] else None)
     return summary
 
 

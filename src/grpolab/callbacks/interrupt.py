@@ -80,11 +80,14 @@ class StopOnSignal(L.Callback):
 
     Args:
         ckpt_dir: where ``last.ckpt`` goes (the ``ModelCheckpoint`` dirpath, so a later save_last overwrites it).
+        signals: the signals that stop the run (default SIGINT, SIGTERM; inside SLURM also USR1/USR2, see
+            :mod:`grpolab.slurm`).
     """
 
-    def __init__(self, ckpt_dir: str | Path) -> None:
+    def __init__(self, ckpt_dir: str | Path, signals: tuple[int, ...] = SIGNALS) -> None:
         super().__init__()
         self.ckpt_dir = Path(ckpt_dir)
+        self.signals = tuple(signals)
         self.signum: int | None = None  # the signal this process received (or request_stop's)
         self.phase = "training"  # what run_training is doing: "start validation", "training", "final validation", ...
         self.stopped_in: str | None = None  # the phase a stop was first seen in (summary.json "stopped_in")
@@ -102,8 +105,9 @@ class StopOnSignal(L.Callback):
     def attach(self, trainer: L.Trainer) -> None:
         """Keep our SIGINT/SIGTERM handlers over Lightning's: Lightning registers its own at the start of every
         ``fit``/``validate`` (a SIGTERM notifier that broadcasts from inside the handler under DDP, and loops that
-        then exit with status 0); this re-installs ours right after that registration. Lightning's other handlers
-        (SIGUSR1 for SLURM auto-requeue) stay. ``on_train_start``/``on_validation_start`` re-install too, in case
+        then exit with status 0); this re-installs ours right after that registration, for every signal of
+        ``signals`` (inside a SLURM job also USR1/USR2, so our step-boundary save and requeue replace Lightning's
+        mid-step auto-requeue: :mod:`grpolab.slurm`). ``on_train_start``/``on_validation_start`` re-install too, in case
         a Lightning version has no such registration method."""
         self._trainer = trainer
         connector = getattr(trainer, "_signal_connector", None)
@@ -120,7 +124,7 @@ class StopOnSignal(L.Callback):
     # ------------------------------------------------------------------ handlers
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.getsignal(s) for s in SIGNALS}
+            self._previous = {s: signal.getsignal(s) for s in self.signals}
             self._install()
         return self
 
@@ -131,7 +135,7 @@ class StopOnSignal(L.Callback):
 
     def _install(self) -> None:
         if self._previous and threading.current_thread() is threading.main_thread():
-            for s in SIGNALS:
+            for s in self.signals:
                 signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

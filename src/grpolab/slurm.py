@@ -1,0 +1,109 @@
+"""SLURM preemption and requeue: a job signalled before its time limit or on preemption saves ``last.ckpt`` at the
+step boundary, requeues itself, and the requeued job resumes from that checkpoint.
+
+SLURM warns a job with a signal: ``sbatch --signal=USR1@<s>`` (``<s>`` seconds before the time limit; Hydra's
+submitit launcher asks for USR2, ``SUBMITIT_PREEMPT_SIGNAL``), or ``scancel --signal=USR1 <job>`` by hand.
+Inside a SLURM job (``SLURM_JOB_ID`` set) :class:`~grpolab.callbacks.interrupt.StopOnSignal` also takes USR1 and
+USR2 (:func:`requeue_signals`): training stops at the next step boundary with ``checkpoints/last.ckpt`` and the run
+writes ``summary.json`` (``"interrupted": true``) and ``policy/`` as for Ctrl-C; then rank 0 runs
+``scontrol requeue <job>`` (:func:`requeue`). Preemption with ``PreemptMode=REQUEUE`` and ``scontrol requeue``
+send SIGTERM instead, which stops the same way; SLURM requeues the job itself then.
+
+The requeued job runs the same command (``SLURM_RESTART_COUNT`` > 0) and must write into the same run folder
+(``hydra.run.dir=.../$SLURM_JOB_ID``; a Hydra multirun job's folder is fixed when the sweep is submitted);
+:func:`resume_after_requeue` points ``ckpt_path`` at that folder's ``last.ckpt``, so it resumes exactly.
+
+A job that fails (a config error, a crash, a NaN) exits non-zero without a signal and is not requeued: SLURM
+requeues only on preemption, node failure or an explicit ``scontrol requeue``.
+
+This module is the SLURM glue of the training run, not maths: no Lightning imports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def in_slurm_job() -> bool:
+    """True inside a SLURM allocation (``SLURM_JOB_ID`` set): a batch job, an ``srun`` step or ``salloc``."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def requeue_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop and requeue a run: SIGUSR1 and SIGUSR2 inside a SLURM job, none elsewhere."""
+    return REQUEUE_SIGNALS if in_slurm_job() else ()
+
+
+def job_id() -> str | None:
+    """The id ``scontrol requeue`` takes: ``<array job>_<task>`` for an array task (Hydra's submitit launcher
+    submits arrays), else ``SLURM_JOB_ID``; None outside SLURM."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def restart_count() -> int:
+    """How many times SLURM has requeued this job (``SLURM_RESTART_COUNT``; 0 for a first start or outside)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def requeued_ckpt_path(cfg: DictConfig) -> Path | None:
+    """The ``last.ckpt`` a requeued job resumes from: its own run folder's (the ``callbacks.model_checkpoint``
+    dirpath, else ``<paths.output_dir>/checkpoints``) when the job was requeued, ``ckpt_path`` is not set and the
+    file exists; None otherwise."""
+    if restart_count() <= 0 or cfg.get("ckpt_path"):
+        return None
+    dirpath = OmegaConf.select(cfg, "callbacks.model_checkpoint.dirpath", default=None)
+    ckpt_dir = Path(dirpath) if dirpath else Path(cfg.paths.output_dir) / "checkpoints"
+    path = ckpt_dir / "last.ckpt"
+    return path if path.is_file() else None
+
+
+def resume_after_requeue(cfg: DictConfig) -> DictConfig:
+    """In a requeued SLURM job, set ``cfg.ckpt_path`` to the run folder's ``last.ckpt`` (see
+    :func:`requeued_ckpt_path`), in place, before the config is checked. Returns ``cfg``."""
+    path = requeued_ckpt_path(cfg)
+    if path is not None:
+        with open_dict(cfg):
+            cfg.ckpt_path = str(path)
+        log.warning("SLURM job %s requeued (restart %d): resuming from %s", job_id(), restart_count(), path)
+    return cfg
+
+
+def requeue(signum: int | None) -> bool:
+    """After a requeue signal (USR1/USR2) inside SLURM, with the outputs written: ``scontrol requeue`` this job
+    from rank 0 (``SLURM_PROCID`` 0). SLURM then ends every task of the job and starts it again from the top.
+
+    Returns:
+        True when rank 0 asked SLURM to requeue (other ranks and other signals: False). A failed ``scontrol``
+        (the job is not requeueable, no controller answers) is logged as one warning line and returns False:
+        ``last.ckpt`` is saved, the job ends as interrupted.
+    """
+    if signum not in REQUEUE_SIGNALS or not in_slurm_job() or os.environ.get("SLURM_PROCID", "0") != "0":
+        return False
+    jid = job_id()
+    try:
+        res = subprocess.run(["scontrol", "requeue", str(jid)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as ex:
+        log.warning("scontrol requeue %s failed (%s); last.ckpt is saved, resume with ckpt_path", jid, ex)
+        return False
+    if res.returncode != 0:
+        log.warning("scontrol requeue %s failed: %s; last.ckpt is saved, resume with ckpt_path", jid,
+                    (res.stderr or res.stdout).strip().replace("\n", "; "))
+        return False
+    log.warning("%s: SLURM job %s requeued; it resumes from last.ckpt", signal.Signals(signum).name, jid)
+    return True

@@ -1,0 +1,43 @@
+"""grpolab's Hydra launcher plugin (Hydra takes launchers only from the ``hydra_plugins`` namespace package).
+
+``hydra/launcher=slurm``: Hydra's submitit SLURM launcher (``hydra-submitit-launcher``), with SLURM's refusals as
+one line instead of a traceback.
+
+``sbatch`` refusing the sweep (a partition that does not exist, a controller that does not answer, ``sbatch`` not
+installed) and a job that ends without a result (a config error, a crash: see its log under
+``hydra.launcher.submitit_folder``) print ``train.py: error: hydra/launcher=slurm: <what SLURM said>`` and exit 2.
+Nothing is lost: the sweep folder keeps what the jobs wrote, and jobs already submitted run on in SLURM (``squeue``;
+``scancel <job>`` stops them). ``GRPOLAB_TRACEBACK=1`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurmLauncher
+
+from grpolab.cli import fail, wants_traceback
+
+
+def slurm_error_line(ex: BaseException) -> str:
+    """The message of a submitit/sbatch error ``ex`` reduced to what SLURM said: its ``sbatch: error:`` lines, else
+    its first non-empty line (submitit appends a job's whole log to an uncompleted job's error)."""
+    lines = [ln.strip() for ln in str(ex).splitlines() if ln.strip()]
+    sbatch = [ln for ln in lines if ln.startswith("sbatch: error:")]
+    return "; ".join(sbatch or lines[:1]) or type(ex).__name__
+
+
+class SlurmLauncher(_SubmititSlurmLauncher):
+    """Hydra's ``submitit_slurm`` launcher whose SLURM errors end the sweep command with one line, status 2."""
+
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:  # noqa: D102 (Hydra's Launcher.launch)
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+
+        try:
+            return super().launch(job_overrides, initial_job_idx)
+        except (FailedJobError, UncompletedJobError, OSError) as ex:
+            if wants_traceback():
+                raise
+            fail(Path(sys.argv[0]).name or "train.py", f"hydra/launcher=slurm: {slurm_error_line(ex)}")
