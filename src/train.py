@@ -53,11 +53,18 @@ def main(cfg: DictConfig) -> float | None:
 
 def _train(cfg: DictConfig) -> dict:
     from grpolab.preflight import preflight
+    from grpolab.sweep_resume import resume_or_skip, stitch_metrics
 
+    done = resume_or_skip(cfg)  # a rerun multirun: a finished job is skipped, an interrupted one resumes
+    if done is not None:
+        return done
     checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
     from grpolab.run import run_training
 
-    return run_training(cfg, checked)
+    try:
+        return run_training(cfg, checked)
+    finally:
+        stitch_metrics(Path(cfg.paths.output_dir))  # a resumed job's metrics.csv: the rows before it, then its own
 
 
 if __name__ == "__main__":
