@@ -60,6 +60,9 @@ def _train(cfg: DictConfig) -> dict:
         return done
     checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
     from grpolab.run import run_training
+    from grpolab.sweep_jobs import check_cores
+
+    check_cores(cfg)  # hydra/launcher=joblib: jobs at once x torch threads <= cores, or one line says what to set
 
     try:
         return run_training(cfg, checked)
