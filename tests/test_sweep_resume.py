@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -115,10 +116,13 @@ def test_a_rerun_skips_the_finished_job_and_resumes_the_interrupted_one(tmp_path
     step = json.loads((job1 / "summary.json").read_text())["steps"]
     assert 0 < step < TOTAL
     before = _files(job0)
+    status = _status(sweep)
+    assert "1 finished, 1 interrupted" in status and f"interrupted step {step} seed=1 (1_" in status, status
+    rerun = shlex.split(status.splitlines()[-1])  # the printed rerun of the same command into the same folder
+    assert rerun[:3] == ["python", "src/train.py", "-m"] and rerun[-1] == f"hydra.sweep.dir={sweep}"
     # the same command again, two jobs at once (every core): job 0 is skipped, job 1 resumes from its last.ckpt
-    res = subprocess.run(_cmd("-m", "seed=0,1", f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib",
-                              "hydra.launcher.n_jobs=2"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, *rerun[1:], "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+                         cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     log = res.stdout + res.stderr
     assert f"sweep job {job0.name} finished already (step {TOTAL}, summary.json): skipped" in log, log[-3000:]
@@ -144,3 +148,11 @@ def test_a_rerun_skips_the_finished_job_and_resumes_the_interrupted_one(tmp_path
     # a stop at a validation step skips that validation (the resume does not redo it); the others are all there
     assert set(val[1]) <= set(val[0]) and val[1][-1] == val[0][-1] and len(val[1]) >= len(val[0]) - 1
     assert not (job1 / BEFORE_RESUME).exists()
+    assert "2 finished" in _status(sweep).splitlines()[-1]
+
+
+def _status(sweep: Path) -> str:
+    res = subprocess.run([sys.executable, "sweeps/sweep_status.py", str(sweep)], cwd=REPO_ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return "\n".join(" ".join(line.split()) for line in res.stdout.splitlines())  # spaces collapsed

@@ -51,7 +51,7 @@ def read_summary(out: Path) -> dict | None:
 
 def is_finished(summary: dict | None, max_steps: int | None) -> bool:
     """True for a summary of a run that was not interrupted and reached ``max_steps`` (None or -1: any length)."""
-    if not summary or summary.get("interrupted") is not False:
+    if not summary or summary.get("interrupted"):
         return False
     return max_steps is None or max_steps < 0 or int(summary.get("steps") or 0) >= max_steps
 
