@@ -21,7 +21,7 @@ def test_jobs_at_once_follow_joblibs_rule():
 def test_a_joblib_job_checks_its_threads_against_the_cores(tmp_path):
     cores = os.cpu_count() or 1
     cfg = compose_train_cfg(tmp_path, ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={cores}"])
-    assert cfg.hydra.launcher._target_.endswith("JoblibLauncher") and cfg.hydra.launcher.n_jobs == cores
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.grpolab_joblib.launcher.JoblibLauncher" and cfg.hydra.launcher.n_jobs == cores
     assert check_cores(cfg) is None  # the tiny model: one thread per job (torch_threads=auto)
     cfg = compose_train_cfg(tmp_path, ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={cores}", "torch_threads=2"])
     assert "hydra.launcher.n_jobs=" in check_cores(cfg)

@@ -156,3 +156,33 @@ def _status(sweep: Path) -> str:
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     return "\n".join(" ".join(line.split()) for line in res.stdout.splitlines())  # spaces collapsed
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_job_of_a_joblib_grid_at_a_step_boundary(tmp_path):
+    """Two jobs at once in loky workers (one process group with the launcher): Ctrl-C reaches both, each saves
+    last.ckpt and an interrupted summary, the sweep exits 130, and the rerun command resumes them."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(_cmd("-m", "seed=0,1", "trainer.max_steps=1000", "hydra/launcher=joblib",
+                                 "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    try:
+        while not all(len(p.read_text().splitlines()) > 3 for p in sweep.glob("*/metrics.csv")) or \
+                len(list(sweep.glob("*/metrics.csv"))) < 2:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the two jobs trained no steps within 240 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output[-3000:]
+    for job in sorted(sweep.glob("[01]_*")):
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["interrupted"] is True and summary["signal"] == "SIGINT" and summary["steps"] > 0, job
+        assert torch.load(job / "checkpoints" / "last.ckpt", map_location="cpu",
+                          weights_only=False)["global_step"] == summary["steps"]
+        assert job_state(job, 1000) == "interrupted"
+    assert "2 interrupted" in _status(sweep)

@@ -44,7 +44,7 @@ def check_cores(cfg: DictConfig) -> str | None:
     if not HydraConfig.initialized():
         return None
     launcher = HydraConfig.get().get("launcher") or {}
-    if "joblib" not in str(launcher.get("_target_", "")):
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
         return None
     from grpolab.callbacks.threads import resolve_torch_threads
 
