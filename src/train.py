@@ -73,12 +73,22 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
 def _train(cfg: DictConfig) -> dict:
     from grpolab.preflight import preflight
     from grpolab.slurm import resume_after_requeue
+    from grpolab.sweep_resume import resume_or_skip, stitch_metrics
 
-    resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt
+    done = resume_or_skip(cfg)  # a rerun multirun: a finished job is skipped, an interrupted one resumes
+    if done is not None:
+        return done
+    resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt (no-op if set above)
     checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
     from grpolab.run import run_training
+    from grpolab.sweep_jobs import check_cores
 
-    return run_training(cfg, checked)
+    check_cores(cfg)  # hydra/launcher=joblib: jobs at once x torch threads <= cores, or one line says what to set
+
+    try:
+        return run_training(cfg, checked)
+    finally:
+        stitch_metrics(Path(cfg.paths.output_dir))  # a resumed job's metrics.csv: the rows before it, then its own
 
 
 if __name__ == "__main__":

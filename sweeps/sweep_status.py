@@ -1,32 +1,44 @@
-"""Which jobs of a sweep folder are done, and the command line for the rest.
+"""The state of every job of a sweep folder, and the command that finishes the sweep.
 
-A rerun of a Hydra sweep does not skip finished jobs, so a long screen (``sweeps/corrections_small.yaml``) is run
-in batches into one folder: ``hydra.sweep.dir=$S/<batch>``. This script reads every job under ``$S`` (its
-``.hydra/overrides.yaml`` and ``summary.json``) and prints, per (arm, seed), whether it finished (a
-``summary.json`` that is not ``interrupted``), then the ``arm=... seed=...`` overrides that are still missing
-from the sweep's grid::
+Works for any Hydra multirun of ``src/train.py`` (a grid on the command line or a ``sweeps/*.yaml`` config, run
+with any launcher, in one folder or in batches below it). Every job folder (one with ``.hydra/overrides.yaml``) is
+``finished``, ``interrupted`` (resumable from ``checkpoints/last.ckpt``), ``failed`` (``error.txt``), ``running or
+killed`` (started, nothing saved yet) or ``not started`` (in the grid of a ``multirun.yaml`` below the folder, or of
+``--config`` / ``key=a,b`` arguments, without a folder); see ``grpolab/sweep_resume.py``::
 
-    python sweeps/sweep_status.py multirun/corrections_small/<time> [--config corrections_small] [data=multistep]
+    python sweeps/sweep_status.py multirun/train/<time>
+    python sweeps/sweep_status.py $S --config corrections_small data=multistep   # the grid of a sweeps/ config
+    python sweeps/sweep_status.py $S correction_arm=onpolicy,k10_ppo seed=0,1      # a grid given here
     python sweeps/sweep_status.py $S --csv sweeps/results/corrections_small_default.csv   # keep the results
 
-Extra ``key=value`` arguments are passed to the composition of the sweep (the grid itself). ``--csv`` appends one
-row per finished job (:data:`COLUMNS`, from its ``summary.json``) to a results file, skipping the (arm, seed,
-val_accuracy_start) rows it already holds: the record of a screen run over several days on machines that do not keep their folders.
+It then prints the rerun of each ``multirun.yaml``'s command into its own folder, which skips the finished jobs and
+resumes the interrupted ones, and the grid points no folder holds. ``--csv`` appends one row per finished job
+(:data:`COLUMNS`, from its ``summary.json``) to a results file, skipping the (arm, seed, val_accuracy_start) rows it
+holds already: the record of a screen run over several days on machines that do not keep their folders. The arm is
+the value of the grid's first key, or the job's overrides minus ``seed`` when no grid is given.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
+import shlex
+import sys
+from collections import Counter
 from pathlib import Path
 
 import yaml
 
 SWEEPS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SWEEPS.parent / "src"))
+
+from grpolab.sweep_resume import STATES, job_state, read_summary  # noqa: E402
+
+COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
+           "async_generation", "drift_refreshes", "time_total_s")
 
 
-def grid(config: str, overrides: list[str]) -> dict[str, list[str]]:
+def config_grid(config: str, overrides: list[str]) -> dict[str, list[str]]:
     """The sweeper's ``params`` of ``sweeps/<config>.yaml`` (comma lists, as Hydra's basic sweeper reads them);
     an override ``key=a,b`` of one of them replaces its values, as on the command line of a sweep."""
     from hydra import compose, initialize_config_dir
@@ -37,50 +49,90 @@ def grid(config: str, overrides: list[str]) -> dict[str, list[str]]:
         cfg = compose(config_name=config, overrides=[f"hydra.searchpath=[file://{conf}]",
                                                      *(o for o in overrides if o.split("=", 1)[0] not in sweep)],
                       return_hydra_config=True)
-    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
-    return {k: sweep[k].split(",") if k in sweep else v for k, v in params.items()}
+    params = {k: str(v).split(",") for k, v in (cfg.hydra.sweeper.params or {}).items()}
+    return {**params, **{k: v.split(",") for k, v in sweep.items()}}
 
 
-def jobs(sweep: Path, keys: list[str]) -> dict[tuple[str, ...], str]:
-    """(value of each key) -> ``done``, ``interrupted`` or ``running or failed``, for every job folder under
-    ``sweep``; a finished job wins over an unfinished one with the same values."""
-    out: dict[tuple[str, ...], str] = {}
+def expand(overrides: list[str]) -> list[dict[str, str]]:
+    """Every job of a sweep's overrides (``key=a,b`` lists, ranges, choices), as Hydra's basic sweeper expands
+    them: one ``{key: value}`` per job."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return [_as_dict(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def _as_dict(overrides: list[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) for o in overrides if "=" in o)
+
+
+def find_jobs(sweep: Path) -> list[dict]:
+    """Every job folder below ``sweep``: ``{"dir", "overrides" (dict), "state", "steps"}`` (``trainer.max_steps``
+    of the job's ``.hydra/config.yaml`` decides whether a summary is finished)."""
+    jobs = []
     for path in sorted(sweep.rglob(".hydra/overrides.yaml")):
         job = path.parent.parent
-        values = dict(o.split("=", 1) for o in yaml.safe_load(path.read_text()) or [] if "=" in o)
-        key = tuple(values.get(k, "") for k in keys)
-        summary = job / "summary.json"
-        state = "running or failed"
-        if summary.exists():
-            state = "interrupted" if json.loads(summary.read_text()).get("interrupted") else "done"
-        if out.get(key) != "done":
-            out[key] = state
-    return out
+        config = job / ".hydra" / "config.yaml"
+        max_steps = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("max_steps") \
+            if config.exists() else None
+        summary = read_summary(job) or {}
+        jobs.append({"dir": job, "overrides": _as_dict(yaml.safe_load(path.read_text()) or []),
+                     "state": job_state(job, max_steps), "steps": summary.get("steps")})
+    return jobs
 
 
-COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
-           "async_generation", "drift_refreshes", "time_total_s")
+def rerun_command(multirun: Path) -> str:
+    """The command that reruns the sweep of a ``multirun.yaml`` into its own folder (the same overrides, config,
+    and launcher settings; ``hydra.sweep.dir`` = that folder)."""
+    hydra = (yaml.safe_load(multirun.read_text()) or {})["hydra"]
+    args = ["python", "src/train.py", "-m"]
+    for source in hydra.get("runtime", {}).get("config_sources", []):
+        if source.get("provider") == "command-line" and source.get("schema") == "file":
+            args += ["--config-dir", source["path"]]
+    if hydra.get("job", {}).get("config_name", "train") != "train":
+        args += ["--config-name", hydra["job"]["config_name"]]
+    kept = [o for o in hydra["overrides"]["hydra"] if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    args += [*hydra["overrides"]["task"], *kept, f"hydra.sweep.dir={multirun.parent}"]
+    return " ".join(shlex.quote(a) for a in args)
 
 
-def append_results(sweep: Path, keys: list[str], out: Path) -> int:
-    """Append a :data:`COLUMNS` row to ``out`` for every finished job under ``sweep`` whose (arm, seed, val_accuracy_start) it lacks
-    (``arm`` is the value of the grid's first key). Returns the number of rows added."""
+def _matches(point: dict[str, str], overrides: dict[str, str]) -> bool:
+    return all(overrides.get(k) == v for k, v in point.items())
+
+
+def swept_keys(jobs: list[dict[str, str]]) -> list[str]:
+    """The keys whose value is not the same in every job (all keys for a single job), in first-seen order."""
+    keys = list(dict.fromkeys(k for job in jobs for k in job))
+    varying = [k for k in keys if len({job.get(k) for job in jobs}) > 1]
+    return varying if varying or len(jobs) != 1 else keys
+
+
+def arm_of(overrides: dict[str, str], first_key: str | None) -> str:
+    """The arm of a job: the value of ``first_key`` (the grid's first key), else its overrides minus ``seed``."""
+    if first_key:
+        return overrides.get(first_key, "")
+    return ",".join(f"{k}={v}" for k, v in sorted(overrides.items()) if k != "seed")
+
+
+def append_results(jobs: list[dict], first_key: str | None, out: Path) -> int:
+    """Append a :data:`COLUMNS` row to ``out`` for every finished job whose (arm, seed, val_accuracy_start) it lacks.
+    Returns the number of rows added."""
     rows = list(csv.DictReader(out.open())) if out.exists() else []
     # a row is one (arm, seed) from one starting model: the warm start's floats differ between CPUs (its held-out
     # accuracy at step 0, val_accuracy_start, tells them apart), so a rerun on another machine is kept beside it
     have = {(r["arm"], str(r["seed"]), str(r["val_accuracy_start"] or "")) for r in rows}
     added = 0
-    for path in sorted(sweep.rglob(".hydra/overrides.yaml")):
-        values = dict(o.split("=", 1) for o in yaml.safe_load(path.read_text()) or [] if "=" in o)
-        summary_path = path.parent.parent / "summary.json"
-        if not summary_path.exists():
+    for job in jobs:
+        summary = read_summary(job["dir"])
+        if not summary or summary.get("interrupted"):
             continue
-        summary = json.loads(summary_path.read_text())
-        arm, seed, start = values.get(keys[0], ""), str(summary.get("seed")), str(summary.get("val_accuracy_start") or "")
-        if summary.get("interrupted") or (arm, seed, start) in have:
+        arm = arm_of(job["overrides"], first_key)
+        key = (arm, str(summary.get("seed")), str(summary.get("val_accuracy_start") or ""))
+        if key in have:
             continue
         rows.append({"arm": arm, **{c: summary.get(c) for c in COLUMNS if c != "arm"}})
-        have.add((arm, seed, start))
+        have.add(key)
         added += 1
     with out.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
@@ -89,38 +141,55 @@ def append_results(sweep: Path, keys: list[str], out: Path) -> int:
     return added
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path)
-    parser.add_argument("--config", default="corrections_small")
+    parser.add_argument("--config", help="a sweeps/<config>.yaml whose grid the folder should hold")
     parser.add_argument("--csv", type=Path, help="append the finished jobs' results to this CSV file")
-    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("overrides", nargs="*", help="key=a,b: the grid (or overrides of --config's grid)")
     args = parser.parse_intermixed_args()
-    params = grid(args.config, args.overrides)
-    keys = list(params)
-    found = jobs(args.sweep, keys)
-    missing: dict[str, list[str]] = {}
-    for key, state in sorted(found.items()):
-        print(" ".join(f"{k}={v}" for k, v in zip(keys, key)), state)
-    first, rest = keys[0], keys[1:]
-    for value in params[first]:
-        for other in _product([params[k] for k in rest]):
-            if found.get((value, *other)) != "done":
-                missing.setdefault(",".join(other), []).append(value)
-    done = sum(s == "done" for s in found.values())
-    print(f"{done} done; to run the rest:")
-    for other, values in missing.items():
-        print(f"  {first}={','.join(values)} " + " ".join(f"{k}={v}" for k, v in zip(rest, other.split(","))))
+    if not args.sweep.is_dir():
+        parser.error(f"sweep: {args.sweep} is not a folder")
+    jobs = find_jobs(args.sweep)
+    if args.config:
+        grid = config_grid(args.config, args.overrides)
+    else:
+        grid = {k: v.split(",") for k, v in _as_dict(args.overrides).items()}
+    first_key = next(iter(grid), None)
+    points = expand([f"{k}={','.join(v)}" for k, v in grid.items()]) if grid else []
+    multiruns = sorted(args.sweep.rglob("multirun.yaml"))
+    if not grid:  # the grids the folder's multiruns were started with
+        for multirun in multiruns:
+            hydra = (yaml.safe_load(multirun.read_text()) or {})["hydra"]
+            params = [f"{k}={v}" for k, v in (hydra.get("sweeper", {}).get("params") or {}).items()]
+            points += expand([*params, *hydra["overrides"]["task"]])
+    missing = [p for p in points if not any(_matches(p, j["overrides"]) for j in jobs)]
+    shown = list(grid) or swept_keys([j["overrides"] for j in jobs] + missing)
+    for job in jobs:
+        values = {k: job["overrides"].get(k, "") for k in shown}
+        label = " ".join(f"{k}={v}" for k, v in values.items())
+        print(f"{job['state']:<17} step {job['steps'] if job['steps'] is not None else '-':>5}  {label}  "
+              f"({job['dir'].relative_to(args.sweep)})")
+    for point in missing:
+        print(f"{'not started':<17} step {'-':>5}  " + " ".join(f"{k}={point.get(k, '')}" for k in shown))
+    counts = Counter(j["state"] for j in jobs) + Counter({"not started": len(missing)})
+    print(", ".join(f"{counts[s]} {s}" for s in STATES if counts[s]) or "no jobs")
+    if any(j["state"] != "finished" for j in jobs) or missing:
+        print("to finish, rerun into the same folder (finished jobs are skipped, interrupted ones resume):")
+        for multirun in multiruns:
+            print(f"  {rerun_command(multirun)}")
+        if grid and missing:
+            print(f"grid points no folder holds ({first_key} per line):")
+            rest: dict[str, list[str]] = {}
+            for point in missing:
+                other = " ".join(f"{k}={v}" for k, v in point.items() if k != first_key)
+                rest.setdefault(other, []).append(point[first_key])
+            for other, values in rest.items():
+                print(f"  {first_key}={','.join(values)} {other}".rstrip())
     if args.csv:
-        print(f"{append_results(args.sweep, keys, args.csv)} rows added to {args.csv}")
-
-
-def _product(lists: list[list[str]]) -> list[tuple[str, ...]]:
-    out: list[tuple[str, ...]] = [()]
-    for values in lists:
-        out = [(*o, v) for o in out for v in values]
-    return out
+        print(f"{append_results(jobs, first_key, args.csv)} rows added to {args.csv}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

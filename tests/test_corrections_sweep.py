@@ -63,10 +63,13 @@ def test_sweep_status_lists_what_is_left(tmp_path):
             (job / "summary.json").write_text(json.dumps(summary))
     out = subprocess.run([sys.executable, "sweeps/sweep_status.py", str(tmp_path), "correction_arm=onpolicy,k10_ppo",
                           "seed=0,1"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
-    assert "correction_arm=onpolicy seed=0 done" in out and "correction_arm=k10_ppo seed=0 interrupted" in out
-    assert "correction_arm=k10_ppo seed=1 running or failed" in out and "1 done; to run the rest:" in out
-    assert {line.strip() for line in out.splitlines()[-2:]} == {"correction_arm=k10_ppo seed=0",
-                                                                "correction_arm=onpolicy,k10_ppo seed=1"}
+    lines = [" ".join(line.split()) for line in out.splitlines()]
+    assert "finished step 400 correction_arm=onpolicy seed=0 (a/0_onpolicy_0)" in lines, out
+    assert "interrupted step - correction_arm=k10_ppo seed=0 (a/0_k10_ppo_0)" in lines
+    assert "running or killed step - correction_arm=k10_ppo seed=1 (b/0_k10_ppo_1)" in lines
+    assert "not started step - correction_arm=onpolicy seed=1" in lines
+    assert "1 finished, 1 interrupted, 1 running or killed, 1 not started" in lines
+    assert lines[-1] == "correction_arm=onpolicy seed=1"  # the grid point no folder holds
 
 
 def test_sweep_status_appends_finished_jobs_to_a_results_csv_once(tmp_path):

@@ -11,6 +11,7 @@ Importing :mod:`grpolab` registers the ``grpolab_dirname`` resolver.
 from __future__ import annotations
 
 import re
+import warnings
 
 from omegaconf import OmegaConf
 
@@ -34,3 +35,7 @@ def dirname_suffix(overrides: str, sep: str = "_") -> str:
 
 if not OmegaConf.has_resolver("grpolab_dirname"):
     OmegaConf.register_new_resolver("grpolab_dirname", dirname_suffix)
+
+# conf/hydra/launcher/joblib.yaml is checked against the joblib plugin's schema of the same name on purpose (a
+# misspelt launcher key is refused); Hydra warns about that matching in every process (launcher and workers)
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/joblib' is validated against ConfigStore schema")

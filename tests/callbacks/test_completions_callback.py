@@ -77,7 +77,8 @@ def test_a_new_wandb_logger_finishes_the_previous_jobs_run(tmp_path, monkeypatch
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     try:
-        first = wandb_logger(tags=["mine", "k=1"], auto_tags=["k=1"], project="t", offline=True, save_dir=str(tmp_path))
+        first = wandb_logger(tags=["mine", "k=1"], auto_tags=["k=1"], project="t", offline=True, save_dir=str(tmp_path),
+                             override_tags=False)  # no Hydra job here: only the given tags
         run1 = first.experiment
         assert list(run1.tags) == ["k=1", "mine"]  # de-duplicated, automatic tags first
         second = wandb_logger(project="t", offline=True, save_dir=str(tmp_path))

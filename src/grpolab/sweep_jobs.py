@@ -1,0 +1,56 @@
+"""Jobs at once on one machine (``hydra/launcher=joblib``): a one-line warning when they ask for more threads
+than the machine has cores.
+
+``conf/hydra/launcher/joblib.yaml`` runs ``hydra.launcher.n_jobs`` jobs at once (-1: one per core), each in its own
+process with ``torch_threads`` torch threads. N jobs x T threads beyond the cores oversubscribes the CPU: every
+parallel region waits for a descheduled thread, and the grid runs slower than with fewer jobs (see
+``grpolab/callbacks/threads.py`` for the measured cost). Choose N = cores // T; the embedded tiny models run on one
+thread (``torch_threads=auto``), so N = cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("grpolab")
+
+
+def joblib_jobs(n_jobs: int, cores: int) -> int:
+    """The jobs joblib runs at once for ``n_jobs`` on ``cores`` cores: ``n_jobs`` when positive, else
+    ``cores + 1 + n_jobs`` (joblib's rule: -1 = every core, -2 = all but one), at least 1."""
+    return n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)
+
+
+def cores_warning(jobs: int, threads: int, cores: int) -> str | None:
+    """A one-line warning when ``jobs`` x ``threads`` exceeds ``cores``, naming the keys to change; else None."""
+    if jobs * threads <= cores:
+        return None
+    return (f"{jobs} jobs at once (hydra.launcher.n_jobs) x {threads} torch threads (torch_threads) > {cores} cores: "
+            f"set hydra.launcher.n_jobs={max(1, cores // threads)} or torch_threads={max(1, cores // jobs)}")
+
+
+def check_cores(cfg: DictConfig) -> str | None:
+    """Under Hydra's joblib launcher, log (and return) :func:`cores_warning` for this job; None otherwise.
+
+    Args:
+        cfg: the job's composed config (``torch_threads``, ``model._target_``); the launcher settings are read
+            from Hydra's config.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    launcher = HydraConfig.get().get("launcher") or {}
+    if "joblib" not in str(launcher.get("_target_", "")).lower():
+        return None
+    from grpolab.callbacks.threads import resolve_torch_threads
+
+    cores = os.cpu_count() or 1
+    threads = resolve_torch_threads(cfg.get("torch_threads", "auto"), OmegaConf.select(cfg, "model._target_"))
+    warning = cores_warning(joblib_jobs(int(launcher.get("n_jobs") or -1), cores), threads or cores, cores)
+    if warning:
+        log.warning(warning)
+    return warning

@@ -1,0 +1,1 @@
+"""grpolab's Hydra launcher plugins (Hydra loads launchers from the ``hydra_plugins`` namespace only)."""

@@ -1,0 +1,188 @@
+"""Multiruns that resume (grpolab/sweep_resume.py): the same ``-m`` command rerun into the same sweep folder skips
+the finished jobs (their files untouched) and resumes the interrupted ones to the uninterrupted run's result."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST_OVERRIDES, REPO_ROOT
+from safetensors.torch import load_file
+
+from grpolab.sweep_resume import BEFORE_RESUME, job_state, set_aside_metrics, stitch_metrics
+
+TOTAL = 12
+COMMON = [*FAST_OVERRIDES, "val.at_start=false", "trainer.val_check_interval=4", "callbacks.completions.every_n_steps=1000",
+          f"trainer.max_steps={TOTAL}"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+def _cmd(*overrides: str) -> list[str]:
+    flags = [o for o in overrides if o.startswith("-")]  # -m before the overrides
+    return [sys.executable, str(REPO_ROOT / "src" / "train.py"), *flags, *COMMON,
+            *(o for o in overrides if not o.startswith("-"))]
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_job_states_of_a_folder(tmp_path):
+    assert job_state(tmp_path / "none") == "not started"
+    (tmp_path / ".hydra").mkdir()
+    assert job_state(tmp_path) == "running or killed"
+    (tmp_path / "error.txt").write_text("Traceback")
+    assert job_state(tmp_path) == "failed"
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert job_state(tmp_path) == "interrupted"
+    (tmp_path / "summary.json").write_text(json.dumps({"interrupted": False, "steps": 10}))
+    assert job_state(tmp_path) == "finished" and job_state(tmp_path, max_steps=10) == "finished"
+    assert job_state(tmp_path, max_steps=20) == "interrupted"  # a longer max_steps: it resumes from last.ckpt
+    (tmp_path / "summary.json").write_text("{trunc")  # killed while writing it
+    assert job_state(tmp_path) == "interrupted"
+
+
+def test_metrics_before_a_resume_are_kept_in_front_of_the_resumed_rows(tmp_path):
+    old = [{"step": "3", "train/loss": "0.3", "val/accuracy": ""}, {"step": "4", "train/loss": "", "val/accuracy": "0.5"},
+           {"step": "4", "train/loss": "0.4", "val/accuracy": ""}, {"step": "5", "train/loss": "0.5", "val/accuracy": ""}]
+    _write(tmp_path / "metrics.csv", old)
+    set_aside_metrics(tmp_path, step=4)  # killed after step 6 with a periodic checkpoint at step 4
+    assert not (tmp_path / "metrics.csv").exists()
+    assert [(r["step"], r["train/loss"]) for r in _rows(tmp_path / BEFORE_RESUME)] == [("3", "0.3"), ("4", "")]
+    _write(tmp_path / "metrics.csv", [{"step": "4", "train/loss": "0.41", "train/kl": "0"}])  # the resumed run's
+    stitch_metrics(tmp_path)
+    rows = _rows(tmp_path / "metrics.csv")
+    assert [(r["step"], r["train/loss"], r["val/accuracy"], r["train/kl"]) for r in rows] == [
+        ("3", "0.3", "", ""), ("4", "", "0.5", ""), ("4", "0.41", "", "0")]
+    assert not (tmp_path / BEFORE_RESUME).exists()
+    stitch_metrics(tmp_path)  # nothing set aside: unchanged
+    assert _rows(tmp_path / "metrics.csv") == rows
+
+
+def _interrupt_second_job(sweep: Path) -> int:
+    """A 2-job multirun (seed=0,1, one after another); SIGINT to its process group once job 1 has trained a few
+    steps. Returns the exit status."""
+    proc = subprocess.Popen(_cmd("-m", "seed=0,1", f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    try:
+        while True:
+            metrics = list(sweep.glob("1_*/metrics.csv"))
+            if metrics and len(metrics[0].read_text().splitlines()) > 3:
+                break
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "job 1 trained no steps within 240 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output[-3000:]
+    return proc.returncode
+
+
+def _files(job: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file of a job folder but Hydra's and the log: (mtime_ns, content)."""
+    return {str(p.relative_to(job)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(job.rglob("*"))
+            if p.is_file() and ".hydra" not in p.parts and p.name != "train.log"}
+
+
+@pytest.mark.slow
+def test_a_rerun_skips_the_finished_job_and_resumes_the_interrupted_one(tmp_path):
+    sweep, ref = tmp_path / "sweep", tmp_path / "reference"
+    _interrupt_second_job(sweep)
+    job0, job1 = (next(sweep.glob(f"{n}_*")) for n in (0, 1))
+    assert job_state(job0, TOTAL) == "finished" and job_state(job1, TOTAL) == "interrupted"
+    step = json.loads((job1 / "summary.json").read_text())["steps"]
+    assert 0 < step < TOTAL
+    before = _files(job0)
+    status = _status(sweep)
+    assert "1 finished, 1 interrupted" in status and f"interrupted step {step} seed=1 (1_" in status, status
+    rerun = shlex.split(status.splitlines()[-1])  # the printed rerun of the same command into the same folder
+    assert rerun[:3] == ["python", "src/train.py", "-m"] and rerun[-1] == f"hydra.sweep.dir={sweep}"
+    # the same command again, two jobs at once (every core): job 0 is skipped, job 1 resumes from its last.ckpt
+    res = subprocess.run([sys.executable, *rerun[1:], "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+                         cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    log = res.stdout + res.stderr
+    assert f"sweep job {job0.name} finished already (step {TOTAL}, summary.json): skipped" in log, log[-3000:]
+    assert f"sweep job {job1.name} was interrupted at step {step}: resuming from" in log
+    assert _files(job0) == before  # not rerun: not one file rewritten
+    assert (job0 / ".hydra" / "config.yaml").exists() and (job0 / ".hydra" / "overrides.yaml").exists()
+    # the resumed job ends as the uninterrupted run of the same seed: weights bit for bit, summary, metrics.csv
+    done = subprocess.run(_cmd("seed=1", f"hydra.run.dir={ref}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = load_file(ref / "policy" / "model.safetensors"), load_file(job1 / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    s_ref, s_job = (json.loads((d / "summary.json").read_text()) for d in (ref, job1))
+    assert s_job["interrupted"] is False and s_job["steps"] == TOTAL
+    for key in ("val_accuracy_end", "val_greedy_accuracy_end", "completions", "truncated"):
+        assert s_job[key] == s_ref[key], key
+    # a resumed run's val_history holds the validations it ran (not kept in last.ckpt); they match the reference's
+    assert s_job["val_history"] and s_job["val_history"] == s_ref["val_history"][-len(s_job["val_history"]):]
+    rows_ref, rows_job = _rows(ref / "metrics.csv"), _rows(job1 / "metrics.csv")
+    train = [[(r["step"], r["train/loss"]) for r in rows if r["train/loss"]] for rows in (rows_ref, rows_job)]
+    assert train[0] == train[1] and len(train[1]) == TOTAL  # every step once: the rows before the resume kept
+    val = [[(r["step"], r["val/accuracy"]) for r in rows if r["val/accuracy"]] for rows in (rows_ref, rows_job)]
+    # a stop at a validation step skips that validation (the resume does not redo it); the others are all there
+    assert set(val[1]) <= set(val[0]) and val[1][-1] == val[0][-1] and len(val[1]) >= len(val[0]) - 1
+    assert not (job1 / BEFORE_RESUME).exists()
+    assert "2 finished" in _status(sweep).splitlines()[-1]
+
+
+def _status(sweep: Path) -> str:
+    res = subprocess.run([sys.executable, "sweeps/sweep_status.py", str(sweep)], cwd=REPO_ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return "\n".join(" ".join(line.split()) for line in res.stdout.splitlines())  # spaces collapsed
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_job_of_a_joblib_grid_at_a_step_boundary(tmp_path):
+    """Two jobs at once in loky workers (one process group with the launcher): Ctrl-C reaches both, each saves
+    last.ckpt and an interrupted summary, the sweep exits 130, and the rerun command resumes them."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen(_cmd("-m", "seed=0,1", "trainer.max_steps=1000", "hydra/launcher=joblib",
+                                 "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    try:
+        while not all(len(p.read_text().splitlines()) > 3 for p in sweep.glob("*/metrics.csv")) or \
+                len(list(sweep.glob("*/metrics.csv"))) < 2:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the two jobs trained no steps within 240 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output[-3000:]
+    for job in sorted(sweep.glob("[01]_*")):
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["interrupted"] is True and summary["signal"] == "SIGINT" and summary["steps"] > 0, job
+        assert torch.load(job / "checkpoints" / "last.ckpt", map_location="cpu",
+                          weights_only=False)["global_step"] == summary["steps"]
+        assert job_state(job, 1000) == "interrupted"
+    assert "2 interrupted" in _status(sweep)
