@@ -9,7 +9,7 @@ into its own sweep folder (default tiny model and task, ``torch_threads=auto``: 
 export); the second adds ``hydra/launcher=joblib hydra.launcher.n_jobs=<n>``. A one-step run first fills the
 warm-start cache, so neither arm pays for it. Prints each arm's wall time, every job's ``time_total_s``, the ratio
 (target on the 2-core machine with 2 jobs at once: 1.7x or more) and the load average before and after: measure on
-an otherwise idle machine.
+an otherwise idle machine. The numbers are also written to ``benchmarks/results/grid_walltime_<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,13 @@ def main() -> int:
     print(f"speed-up: {basic / joblib:.2f}x (target 1.7x with 2 jobs on 2 cores)")
     print(f"load average (1/5/15 min) before {load0[0]:.1f}/{load0[1]:.1f}/{load0[2]:.1f}, "
           f"after {load1[0]:.1f}/{load1[1]:.1f}/{load1[2]:.1f}")
+    out = ROOT / "benchmarks" / "results" / f"grid_walltime_{time.strftime('%Y%m%d_%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"steps": args.steps, "seeds": args.seeds, "n_jobs": args.n_jobs, "cores": os.cpu_count(),
+                               "basic_s": basic, "joblib_s": joblib, "speedup": basic / joblib,
+                               "basic_jobs_s": basic_jobs, "joblib_jobs_s": joblib_jobs,
+                               "loadavg_before": load0, "loadavg_after": load1}, indent=1))
+    print(f"written: {out.relative_to(ROOT)}")
     return 0
 
 
