@@ -371,6 +371,7 @@ class GRPOModule(L.LightningModule):
             return None
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, self._anchors)
+        gathered[dist.get_rank()] = self._anchors  # the top level's own tensors: the file stores them once
         return gathered
 
     def _frozen_record(self) -> dict:
