@@ -38,6 +38,8 @@ def test_drift_is_measured_over_completion_tokens_not_the_loss_mask():
     assert tokens == 20
     expected = 0.5 * ((logp - sampler)[completion].exp() - 1).abs().mean()
     assert total / tokens == pytest.approx(float(expected), rel=1e-6) and total > 0
+    # where every completion token is in the loss, the number train/tv_token shows, to the bit
+    assert total / tokens == float(policy_sampler_divergence(logp, sampler, completion)["tv_token"])
 
 
 def _buffer_at_position_1() -> RolloutBuffer:
