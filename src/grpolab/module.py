@@ -370,8 +370,10 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["grpolab"] = {"anchors": self._anchors, "anchor_ranks": self._gather_anchors(),
-                                 "val_history": self.val_history,
+        ranks = self._gather_rank_state()  # each rank's own anchors and token count (None in one process)
+        checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
+                                 "anchor_ranks": None if ranks is None else [r["anchors"] for r in ranks],
+                                 "num_tokens_ranks": None if ranks is None else [r["num_tokens"] for r in ranks],
                                  "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
                                  "lag_max": self._lag_max, "skipped_steps": self.skipped_steps}
         if self._previous is not None:
@@ -381,15 +383,19 @@ class GRPOModule(L.LightningModule):
             frozen_weights.strip(checkpoint["state_dict"], record)
             checkpoint["grpolab"][frozen_weights.RECORD_KEY] = record
 
-    def _gather_anchors(self) -> list[dict] | None:
-        """Every rank's anchor log-probs (each rank trains its own rows, so each has its own ``log pi_k``), or None
-        in one process. A collective (``all_gather_object``): Lightning calls ``on_save_checkpoint`` on every rank."""
+    def _gather_rank_state(self) -> list[dict] | None:
+        """Every rank's own state, ``{"anchors", "num_tokens"}`` (each rank trains its own rows, so each has its own
+        anchor log-probs ``log pi_k`` and its own running token count, summed over ranks in ``train/num_tokens``),
+        or None in one process. A collective (``all_gather_object``): Lightning calls ``on_save_checkpoint`` on
+        every rank."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return None
+        local = {"anchors": self._anchors, "num_tokens": self.num_tokens}
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, self._anchors)
+        dist.all_gather_object(gathered, local)
+        gathered[dist.get_rank()] = local  # the top level's own tensors: the file stores them once
         return gathered
 
     def _frozen_record(self) -> dict:
@@ -411,16 +417,20 @@ class GRPOModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
         ranks = state.get("anchor_ranks")
         if ranks:  # saved by several processes: this rank's own (a changed process count has no matching entry;
             # resume_conflicts refuses such a resume while buffer steps remain, and then no anchor is read)
-            rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
             self._anchors = ranks[rank] if len(ranks) == world else {}
         else:
             self._anchors = state.get("anchors", {})
+        counts = state.get("num_tokens_ranks")
+        if counts:  # this rank's own count; another process count: the total on rank 0 (the logged sum is kept)
+            self.num_tokens = counts[rank] if len(counts) == world else (sum(counts) if rank == 0 else 0)
+        else:
+            self.num_tokens = state.get("num_tokens", 0)
         self.val_history = state.get("val_history", [])
         self.time_train_s = state.get("time_train_s", 0.0)
-        self.num_tokens = state.get("num_tokens", 0)
         self._lag_max = state.get("lag_max", 0)
         self.skipped_steps = state.get("skipped_steps", 0)
         if self._previous is not None and "previous_policy" in state:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pandas as pd
 import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
@@ -43,6 +44,14 @@ def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollou
     assert res.returncode == 0, res.stderr[-3000:]
     res = train(resumed, *common, f"ckpt_path={full / 'checkpoints' / 'step1.ckpt'}")
     assert res.returncode == 0, res.stderr[-3000:]
+    ma, mb = (pd.read_csv(d / "metrics.csv").dropna(subset=["train/loss"]).set_index("step") for d in (full, resumed))
+    assert list(mb.index) == list(range(1, steps))
+    # each rank's running token count comes back, its own (summed over ranks in the log; rank 0's on every rank
+    # logged rank 0's count twice)
+    assert mb["train/num_tokens"].tolist() == ma.loc[mb.index, "train/num_tokens"].tolist()
+    if "algo.num_iterations=3" in rollout:  # k = 1: the sampler is pi_k (lag 0), so pi_k / alpha is 1 at every
+        # step; each rank must read its own anchors (rank 0's on rank 1 gave 1.36)
+        assert mb["train/ratio/anchor_mean"].tolist() == pytest.approx([1.0] * (steps - 1), abs=1e-6)
     for r in (0, 1):
         a = [json.loads(x) for x in (full / "audit" / f"rank{r}.jsonl").read_text().splitlines()]
         b = [json.loads(x) for x in (resumed / "audit" / f"rank{r}.jsonl").read_text().splitlines()]

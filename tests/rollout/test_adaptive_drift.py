@@ -5,14 +5,21 @@ the strategy's device (a process group on GPUs has no CPU backend)."""
 from __future__ import annotations
 
 import os
+import socket
+from functools import partial
 
 import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from conftest import FAST_OVERRIDES, compose_train_cfg
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch.strategies import DDPStrategy
 
 from grpolab.algo.diagnostics import drift_sum, policy_sampler_divergence
+from grpolab.algo.metric_reduction import WEIGHT_NAMES
+from grpolab.callbacks.step_logging import reduce_over_ranks
 from grpolab.distributed import sum_floats_over_ranks
 from grpolab.rollout.adaptive import DriftRefresh
 from grpolab.rollout.buffer import RolloutBuffer
@@ -31,6 +38,8 @@ def test_drift_is_measured_over_completion_tokens_not_the_loss_mask():
     assert tokens == 20
     expected = 0.5 * ((logp - sampler)[completion].exp() - 1).abs().mean()
     assert total / tokens == pytest.approx(float(expected), rel=1e-6) and total > 0
+    # where every completion token is in the loss, the number train/tv_token shows, to the bit
+    assert total / tokens == float(policy_sampler_divergence(logp, sampler, completion)["tv_token"])
 
 
 def _buffer_at_position_1() -> RolloutBuffer:
@@ -39,16 +48,47 @@ def _buffer_at_position_1() -> RolloutBuffer:
     return buffer
 
 
-def test_ranks_combine_the_drift_token_weighted():
-    rule = DriftRefresh(RolloutSettings(refresh="adaptive", max_drift=0.5), num_iterations=1)
-    ranks = [(0.9, 3), (0.1, 97)]  # rank 0: 0.3 on 3 tokens; rank 1: ~0.001 on 97 tokens
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def sum_over_ranks(local):  # what the all-reduce returns on every rank
-        return {"sum": sum(s for s, _ in ranks), "tokens": float(sum(n for _, n in ranks))}
 
-    drift = rule.before_step(1, _buffer_at_position_1(), ranks[0], sum_over_ranks)
-    assert drift == pytest.approx(1.0 / 100)  # not the plain mean of the ranks' means (0.15)
-    assert rule.metrics()["rollout/drift"] == drift
+RANK_DRIFTS = [(0.7, 3), (0.05, 97)]  # rank 0: 0.23 on 3 tokens; rank 1: ~0.0005 on 97 tokens
+
+
+def _drift_worker(rank: int, port: int, out: str) -> None:
+    """One of 2 gloo ranks: the rule's drift and the logged ``train/rollout/drift`` through Lightning's DDP strategy."""
+    torch.set_num_threads(1)
+    os.environ["LOCAL_RANK"] = str(rank)  # Lightning's environment: this rank's root device
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        env = LightningEnvironment()
+        env.set_world_size(2)
+        env.set_global_rank(rank)
+        strategy = DDPStrategy(parallel_devices=[torch.device("cpu")] * 2, cluster_environment=env)
+        rule = DriftRefresh(RolloutSettings(refresh="adaptive", max_drift=0.5), num_iterations=1)
+        drift = rule.before_step(1, _buffer_at_position_1(), RANK_DRIFTS[rank], partial(sum_floats_over_ranks, strategy))
+        metrics = {f"train/{k}": v for k, v in rule.metrics().items()}
+        rows = RANK_DRIFTS[rank][1]  # the ranks averaged other amounts (a row-weighted mean of the ranks' equal values
+        # rounds to another float for these numbers)
+        weights = {name: float(rows) for name in WEIGHT_NAMES}
+        logged = reduce_over_ranks(strategy, metrics, weights)["train/rollout/drift"]
+        torch.save({"world": strategy.world_size, "drift": drift, "logged": logged}, f"{out}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
+def test_two_ranks_combine_the_drift_token_weighted_for_the_rule_and_the_log(tmp_path):
+    mp.spawn(_drift_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    # sum over every rank's tokens / every rank's tokens: not the plain mean of the ranks' means (0.117)
+    assert ranks[0]["drift"] == pytest.approx(0.75 / 100)
+    # one number: what each rank's rule read and what the log shows, exactly
+    assert ranks[0]["drift"] == ranks[1]["drift"] == ranks[0]["logged"] == ranks[1]["logged"]
 
 
 @pytest.fixture
@@ -77,8 +117,10 @@ def test_sums_over_ranks_use_the_strategy_device(group_without_a_cpu_backend):
             dist.all_reduce(tensor)
             return tensor
 
+    # through the rule, as the data module calls it: the drift's tensor reaches the collective on the root device
+    rule = DriftRefresh(RolloutSettings(refresh="adaptive", max_drift=0.5), num_iterations=1)
     with pytest.raises(NotImplementedError, match="meta"):
-        sum_floats_over_ranks(Strategy(), {"sum": 1.0, "tokens": 3.0})
+        rule.before_step(1, _buffer_at_position_1(), (0.9, 3), partial(sum_floats_over_ranks, Strategy()))
 
 
 def test_a_masked_minibatch_still_measures_drift_in_training(tmp_path):

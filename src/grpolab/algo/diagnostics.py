@@ -64,7 +64,10 @@ def drift_sum(logp: Tensor, sampler_logp: Tensor, completion_mask: Tensor) -> tu
     m = completion_mask.bool()
     dtype = torch.promote_types(logp.dtype, torch.float32)
     tok = logp.detach().to(dtype)[m] - sampler_logp.detach().to(dtype)[m]
-    return float(0.5 * (tok.exp() - 1).abs().sum()), int(m.sum())
+    count = int(m.sum())
+    # the mean as train/tv_token takes it (one process: sum / count gives back exactly this float, so a minibatch
+    # without masked tokens reads the same number as before), times the count (exact in float64)
+    return float(0.5 * _mean_or_zero((tok.exp() - 1).abs())) * count, count
 
 
 def policy_sampler_divergence(logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, Tensor]:

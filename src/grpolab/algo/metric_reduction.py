@@ -81,6 +81,10 @@ RULES: Mapping[str, Rule] = MappingProxyType({
     "train/lag/max": _MAX,
     "train/iteration": _MAX,
     "train/sampler_refreshes": _MAX,
+    # rollout.refresh=adaptive: the drift the rule read (already token-weighted over ranks, the same on every rank,
+    # so the log shows that number exactly) and the early refreshes so far
+    "train/rollout/drift": _MAX,
+    "train/rollout/drift_refreshes": _MAX,
     "train/skipped_steps": _MAX,  # every rank skips the same steps (the global gradient norm decides)
     "train/rewards/*": Rule("mean", PER_METRIC),  # rewards/<function>/mean over the rows it scored
     # loss statistics (grpolab.algo.losses.loss_stats_to_metrics)
