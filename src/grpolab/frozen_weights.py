@@ -158,3 +158,48 @@ def restore_policy(checkpoint: MutableMapping, policy: torch.nn.Module, source: 
         return 0
     module_state = {f"policy.{k}": v for k, v in policy.state_dict(keep_vars=True).items()}
     return restore(checkpoint["state_dict"], module_state, record, source, groups=["policy"])
+
+
+class CheckpointPlan:
+    """What one module's checkpoints leave out, kept across saves and resumes (``GRPOModule`` holds one).
+
+    Args:
+        ref_moving: ``algo.ref_refresh_every`` is set, so the reference moves and is always kept.
+
+    Attributes:
+        record: the :func:`describe` record of the keys left out (computed once, at the first save: frozen tensors do
+            not change), {} to keep every key, None until computed.
+        moved: frozen keys a resumed checkpoint held with other values than the rebuilt ones (a reference an earlier
+            ``ref_refresh_every`` moved): kept in later checkpoints, since a rebuild would put the initial one back.
+    """
+
+    def __init__(self, ref_moving: bool) -> None:
+        self.ref_moving = ref_moving
+        self.record: dict | None = None
+        self.moved: set[str] = set()
+
+    def keys(self, module_state: Mapping[str, torch.Tensor]) -> list[str]:
+        """The keys checkpoints leave out under today's settings (not a moving or moved reference)."""
+        return [k for k in frozen_keys(module_state) if k not in self.moved
+                and not (self.ref_moving and k.startswith("reference."))]
+
+    def for_save(self, module_state: Mapping[str, torch.Tensor]) -> dict:
+        """The record to strip a checkpoint with (:func:`strip`); {} keeps every key."""
+        if self.record is None:
+            keys = self.keys(module_state)
+            self.record = describe(module_state, keys) if keys else {}
+        return self.record
+
+    def after_load(self, checkpoint_state: MutableMapping[str, torch.Tensor],
+                   module_state: Mapping[str, torch.Tensor], saved: dict | None, source: str) -> None:
+        """Put the frozen tensors a checkpoint left out back into ``checkpoint_state`` (checked by hash, so the
+        load stays strict), and plan the next saves from today's settings: a resume that turns on
+        ``ref_refresh_every`` keeps the now-moving reference; the saved hashes are reused when the keys agree.
+
+        Raises:
+            FrozenWeightsMismatch: the rebuilt frozen weights are not the checkpoint's (:func:`restore`).
+        """
+        if saved:
+            restore(checkpoint_state, module_state, saved, source)
+        self.moved = moved_keys(checkpoint_state, module_state, saved)
+        self.record = saved if saved and set(saved["keys"]) == set(self.keys(module_state)) else None

@@ -41,6 +41,7 @@ from grpolab.errors import ConfigError, NonFiniteLossError
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
 from grpolab.previous_policy import PreviousPolicy
+from grpolab.rank_state import gather_rank_state, own_rank_state
 from grpolab.rollout.buffer import Minibatch
 from grpolab.rollout.forward import completion_log_probs
 
@@ -91,8 +92,7 @@ class GRPOModule(L.LightningModule):
         self._zero_variance_streak = 0
         self._lag_max = 0
         self.skipped_steps = 0  # algo.skip_zero_grad_steps: optimizer steps left out (summary.json)
-        self._frozen: dict | None = None  # grpolab.frozen_weights record of what checkpoints leave out
-        self._moved: set[str] = set()  # frozen keys a resumed checkpoint held with values a rebuild does not give
+        self._frozen = frozen_weights.CheckpointPlan(bool(cfg.ref_refresh_every))  # what checkpoints leave out
         self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
         self._previous: PreviousPolicy | None = None  # pi_{t-1}'s weights (algo.ratio_reference=previous)
 
@@ -370,82 +370,31 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        ranks = self._gather_rank_state()  # each rank's own anchors and token count (None in one process)
+        ranks = gather_rank_state({"anchors": self._anchors, "num_tokens": self.num_tokens})  # None: one process
         checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
                                  "anchor_ranks": None if ranks is None else [r["anchors"] for r in ranks],
                                  "num_tokens_ranks": None if ranks is None else [r["num_tokens"] for r in ranks],
                                  "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
-                                 "lag_max": self._lag_max, "skipped_steps": self.skipped_steps}
-        if self._previous is not None:
-            checkpoint["grpolab"]["previous_policy"] = self._previous.state_dict()
-        record = self._frozen_record()
+                                 "lag_max": self._lag_max, "skipped_steps": self.skipped_steps,
+                                 "previous_policy": None if self._previous is None else self._previous.state_dict()}
+        record = {} if is_sharded(self.policy) else self._frozen.for_save(self.state_dict(keep_vars=True))
         if record:  # the frozen reference / LoRA base: rebuilt from the config at resume (grpolab.frozen_weights)
             frozen_weights.strip(checkpoint["state_dict"], record)
             checkpoint["grpolab"][frozen_weights.RECORD_KEY] = record
 
-    def _gather_rank_state(self) -> list[dict] | None:
-        """Every rank's own state, ``{"anchors", "num_tokens"}`` (each rank trains its own rows, so each has its own
-        anchor log-probs ``log pi_k`` and its own running token count, summed over ranks in ``train/num_tokens``),
-        or None in one process. A collective (``all_gather_object``): Lightning calls ``on_save_checkpoint`` on
-        every rank."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return None
-        local = {"anchors": self._anchors, "num_tokens": self.num_tokens}
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, local)
-        gathered[dist.get_rank()] = local  # the top level's own tensors: the file stores them once
-        return gathered
-
-    def _frozen_record(self) -> dict:
-        """What checkpoints leave out (computed once: frozen tensors do not change), or {} to keep every key:
-        under FSDP (sharded state dicts) and for a reference that ``algo.ref_refresh_every`` moves."""
-        if self._frozen is None:
-            keys = self._frozen_keys()
-            self._frozen = frozen_weights.describe(self.state_dict(keep_vars=True), keys) if keys else {}
-        return self._frozen
-
-    def _frozen_keys(self) -> list[str]:
-        """The state-dict keys checkpoints leave out under today's settings (none under FSDP; not the reference
-        when ``algo.ref_refresh_every`` moves it, nor one a resumed checkpoint held with other values than the
-        rebuilt one: a reference an earlier ``ref_refresh_every`` moved)."""
-        if is_sharded(self.policy):
-            return []
-        return [k for k in frozen_weights.frozen_keys(self.state_dict(keep_vars=True)) if k not in self._moved
-                and not (self.cfg.ref_refresh_every and k.startswith("reference."))]
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
-        ranks = state.get("anchor_ranks")
-        if ranks:  # saved by several processes: this rank's own (a changed process count has no matching entry;
-            # resume_conflicts refuses such a resume while buffer steps remain, and then no anchor is read)
-            self._anchors = ranks[rank] if len(ranks) == world else {}
-        else:
-            self._anchors = state.get("anchors", {})
-        counts = state.get("num_tokens_ranks")
-        if counts:  # this rank's own count; another process count: the total on rank 0 (the logged sum is kept)
-            self.num_tokens = counts[rank] if len(counts) == world else (sum(counts) if rank == 0 else 0)
-        else:
-            self.num_tokens = state.get("num_tokens", 0)
+        self._anchors, self.num_tokens = own_rank_state(state, rank, world)  # each rank's own (DDP)
         self.val_history = state.get("val_history", [])
         self.time_train_s = state.get("time_train_s", 0.0)
         self._lag_max = state.get("lag_max", 0)
         self.skipped_steps = state.get("skipped_steps", 0)
-        if self._previous is not None and "previous_policy" in state:
+        if self._previous is not None and state.get("previous_policy") is not None:
             self._previous.load_state_dict(state["previous_policy"], self.policy)
         record = state.get(frozen_weights.RECORD_KEY)
         if self.policy is None or is_sharded(self.policy):
             return  # FSDP: sharded state dicts, nothing left out
-        module_state = self.state_dict(keep_vars=True)
-        if record:  # a checkpoint without its frozen tensors: check the rebuilt ones and put them back (strict load)
-            trainer = self._trainer
-            source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
-            frozen_weights.restore(checkpoint["state_dict"], module_state, record, source)
-        # a reference the checkpoint held after ref_refresh_every moved it stays in later checkpoints, even when
-        # this run turned ref_refresh_every off: a rebuild from the config would put the initial one back
-        self._moved = frozen_weights.moved_keys(checkpoint["state_dict"], module_state, record)
-        # the next saves leave out what TODAY's settings freeze (a resume that turns on ref_refresh_every
-        # keeps the now-moving reference); the saved hashes are reused when the keys agree
-        self._frozen = record if record and set(record["keys"]) == set(self._frozen_keys()) else None
+        trainer = self._trainer  # a checkpoint without its frozen tensors: rebuilt, checked, put back (strict load)
+        source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
+        self._frozen.after_load(checkpoint["state_dict"], self.state_dict(keep_vars=True), record, source)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.callbacks.threads import oversubscription_warning, resolve_torch_threads
+from grpolab.callbacks.threads import ORIGINAL_THREADS, oversubscription_warning, resolve_torch_threads
 
 
 def test_the_warning_fires_when_the_load_exceeds_the_cores():
@@ -38,9 +38,9 @@ def test_the_default_config_runs_the_tiny_model_on_one_thread(tmp_path):
         assert cfg.torch_threads == "auto"
         build(cfg)
         assert torch.get_num_threads() == 1
-        torch.set_num_threads(2)
+        torch.set_num_threads(ORIGINAL_THREADS + 1)  # as an earlier job of the same process (a multirun) may
         build(compose_train_cfg(tmp_path / "b", [*FAST_OVERRIDES, "torch_threads=null"]))
-        assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == ORIGINAL_THREADS  # torch's default of this process, not the last job's
     finally:
         torch.set_num_threads(before)
 

@@ -171,7 +171,8 @@ def test_the_trainer_takes_every_core_on_a_fixed_schedule(tmp_path, engine):
     before = torch.get_num_threads()
     torch.set_num_threads(2 * half_cores())
     try:
-        cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "val.at_start=false", "torch_threads=null", *ASYNC, "algo=grpo_offpolicy",
+        cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "val.at_start=false", f"torch_threads={2 * half_cores()}",
+                                           *ASYNC, "algo=grpo_offpolicy",
                                            "algo.steps_per_generation=4", "trainer.max_steps=8",
                                            f"rollout._target_={__name__}.{engine}"])
         parts = build(cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpolab.rollout.vllm_server import ServerError
-from grpolab.rollout.vllm_server_engine import check_weight_versions
+from grpolab.rollout.vllm_server_guards import check_weight_versions
 
 URL = "http://127.0.0.1:8000"
 
