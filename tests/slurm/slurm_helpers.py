@@ -78,11 +78,19 @@ def wait_job(job: str, timeout: float = 240, release: bool = True) -> dict[str, 
     with ``scontrol update StartTime=now`` when ``release``. Returns its last :func:`job_info`."""
     deadline = time.monotonic() + timeout
     info: dict[str, str] = {}
+    final_since: float | None = None
     while time.monotonic() < deadline:
         info = job_info(job) or info
         state = info.get("JobState", "")
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            return info
+            # a job that requeues itself can read FAILED for a moment (its step was cancelled by the requeue) before
+            # slurmctld puts it back to PENDING: an end counts once it has held for 3 s
+            final_since = final_since or time.monotonic()
+            if time.monotonic() - final_since >= 3.0:
+                return info
+            time.sleep(0.5)
+            continue
+        final_since = None
         if release and state == "PENDING" and info.get("Reason") == "BeginTime":
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=30)
         time.sleep(0.5)
