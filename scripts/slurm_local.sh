@@ -100,7 +100,7 @@ stop_pid() {  # stop_pid <pidfile> <name>
 }
 
 stop() {
-  scancel --quiet --user="$(id -un)" 2>/dev/null || true
+  squeue -h -o %i 2>/dev/null | xargs -r scancel --quiet 2>/dev/null || true   # every job, whoever submitted it
   stop_pid "$STATE/slurmd.pid" slurmd
   stop_pid "$STATE/slurmctld.pid" slurmctld
   if [ -f "$STATE/munged.ours" ]; then

@@ -20,6 +20,7 @@ traceback (see docs/training.md, "Errors").
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -58,10 +59,18 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def _report_failure(cfg: DictConfig, failure: dict) -> None:
-    """One line on stderr: the failure, what was saved and the command that resumes; exit 1."""
+    """One line on stderr: the failure, what was saved and the command that resumes; exit 1. In a multirun the job
+    is logged as failed and the sweep goes on (a rerun into the same sweep folder resumes it from last.ckpt)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     ckpt = failure.get("ckpt_path")
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        logging.getLogger("grpolab").error(
+            "job failed: the sampler failed after step %s: %s; the sweep continues; rerun the sweep with "
+            "hydra.sweep.dir=%s to resume it from %s", failure["step"], failure["reason"][:300],
+            HydraConfig.get().sweep.dir, ckpt or "the last periodic checkpoint")
+        return
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("ckpt_path=")]
     resume = (f"; saved {ckpt}; resume with: python src/train.py {' '.join(overrides)} ckpt_path={ckpt}" if ckpt
               else "; no checkpoint saved at the failure: resume from the last periodic one in checkpoints/")

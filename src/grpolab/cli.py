@@ -204,10 +204,17 @@ def resume_command(ckpt_path: str | Path | None, script: str | None = None) -> s
     own values), as typed, so settings such as ``trainer.max_steps=2000`` carry over; an earlier ``ckpt_path``
     override is replaced by ``ckpt_path`` (None: kept as it was, for a run stopped before it saved anything).
     Hydra's own overrides (``hydra.run.dir``) are left out: the continuation gets a new run folder. Each item is
-    shell-quoted (:func:`shlex.join`). ``script``: defaults to ``sys.argv[0]``.
+    shell-quoted (:func:`shlex.join`). ``script``: defaults to ``sys.argv[0]``. In a multirun job: how to rerun the
+    sweep into its own folder instead (the job's folder then resumes in place, :mod:`grpolab.sweep_resume`).
     """
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # a job of a sweep: rerun the sweep
+        sweep = HydraConfig.get().sweep.dir
+        return (f"rerun the sweep's command with hydra.sweep.dir={shlex.quote(str(sweep))} (finished jobs are "
+                f"skipped, this one resumes from its last.ckpt; python sweeps/sweep_status.py {shlex.quote(str(sweep))} "
+                "prints the command)")
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     if ckpt_path is not None:
         overrides = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "ckpt_path"]
