@@ -78,19 +78,16 @@ def test_metrics_before_a_resume_are_kept_in_front_of_the_resumed_rows(tmp_path)
     assert _rows(tmp_path / "metrics.csv") == rows
 
 
-def _interrupt_second_job(sweep: Path) -> int:
-    """A 2-job multirun (seed=0,1, one after another); SIGINT to its process group once job 1 has trained a few
-    steps. Returns the exit status."""
-    proc = subprocess.Popen(_cmd("-m", "seed=0,1", f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _sigint_when(args: list[str], ready, what: str) -> str:
+    """Run ``src/train.py <args>`` in its own process group; SIGINT the group once ``ready()`` (or fail after 240 s
+    naming ``what``). Asserts the sweep exits 130; returns its output."""
+    proc = subprocess.Popen(_cmd(*args), cwd=REPO_ROOT, env=ENV, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     try:
-        while True:
-            metrics = list(sweep.glob("1_*/metrics.csv"))
-            if metrics and len(metrics[0].read_text().splitlines()) > 3:
-                break
+        while not ready():
             assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "job 1 trained no steps within 240 s"
+            assert time.monotonic() < deadline, f"{what} trained no steps within 240 s"
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGINT)
         output = proc.communicate(timeout=120)[0]
@@ -98,7 +95,19 @@ def _interrupt_second_job(sweep: Path) -> int:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, output[-3000:]
-    return proc.returncode
+    return output
+
+
+def _trained(sweep: Path, pattern: str, jobs: int) -> bool:
+    """``jobs`` job folders matching ``pattern`` each hold a metrics.csv with a few steps."""
+    files = list(sweep.glob(f"{pattern}/metrics.csv"))
+    return len(files) >= jobs and all(len(p.read_text().splitlines()) > 3 for p in files)
+
+
+def _interrupt_second_job(sweep: Path) -> None:
+    """A 2-job multirun (seed=0,1, one after another); SIGINT to its process group once job 1 has trained a few
+    steps (the sweep exits 130)."""
+    _sigint_when(["-m", "seed=0,1", f"hydra.sweep.dir={sweep}"], lambda: _trained(sweep, "1_*", 1), "job 1")
 
 
 def _files(job: Path) -> dict[str, tuple[int, bytes]]:
@@ -163,22 +172,8 @@ def test_ctrl_c_stops_every_job_of_a_joblib_grid_at_a_step_boundary(tmp_path):
     """Two jobs at once in loky workers (one process group with the launcher): Ctrl-C reaches both, each saves
     last.ckpt and an interrupted summary, the sweep exits 130, and the rerun command resumes them."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.Popen(_cmd("-m", "seed=0,1", "trainer.max_steps=1000", "hydra/launcher=joblib",
-                                 "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
-                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 240
-    try:
-        while not all(len(p.read_text().splitlines()) > 3 for p in sweep.glob("*/metrics.csv")) or \
-                len(list(sweep.glob("*/metrics.csv"))) < 2:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "the two jobs trained no steps within 240 s"
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)
-        output = proc.communicate(timeout=120)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, output[-3000:]
+    _sigint_when(["-m", "seed=0,1", "trainer.max_steps=1000", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                  f"hydra.sweep.dir={sweep}"], lambda: _trained(sweep, "*", 2), "the two jobs")
     for job in sorted(sweep.glob("[01]_*")):
         summary = json.loads((job / "summary.json").read_text())
         assert summary["interrupted"] is True and summary["signal"] == "SIGINT" and summary["steps"] > 0, job
