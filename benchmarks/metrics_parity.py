@@ -1,6 +1,6 @@
-"""Record, or check against a recording, the metrics.csv of the five reference runs.
+"""Record, or check against a recording, the metrics.csv of the six reference runs.
 
-A refactor that keeps the test suite green can still change the maths. This script runs the same five seeded
+A refactor that keeps the test suite green can still change the maths. This script runs the same six seeded
 60-step trainings before and after a change and compares their ``metrics.csv`` column by column, ignoring the
 columns that are timings (a ``time`` path part, ``*time*``, ``*per_s*`` such as ``tokens_per_second``):
 
@@ -28,6 +28,7 @@ RUNS: dict[str, list[str]] = {
     "offpolicy_async": ["algo=grpo_offpolicy", "rollout.async_generation=true"],
     "reuse": ["algo=grpo_reuse"],
     "adaptive": ["algo=grpo_offpolicy", "rollout.refresh=adaptive", "rollout.max_drift=0.05"],
+    "hf_copy": ["algo=grpo_offpolicy", "rollout=hf_copy"],
 }
 COMMON = ["trainer.max_steps=60"]
 
