@@ -6,7 +6,7 @@
 
 Not CI. Both caches run in ONE process, alternated (dynamic, preallocated, dynamic, preallocated, ...: ``--rounds``
 pairs), first with one torch thread, then with all of them (``torch.get_num_threads()`` at start). Each run is
-:func:`grpolab.rollout.decode.sample_completions` (sampling at temperature 1 with a seeded generator, rows
+:func:`grpolab.rollout.engines.decode.sample_completions` (sampling at temperature 1 with a seeded generator, rows
 dropped when they stop, each group's prompt prefilled once) on the same prompts; every run's tokens and log-probs
 must equal the first dynamic run's (the script stops otherwise). Before them, an untimed warm-up of each cache
 (4 new tokens) per case and thread count.
@@ -38,8 +38,8 @@ import yaml
 
 from grpolab.models import PretrainedModel, TinyCharModel
 from grpolab.random_init import random_from_architecture
-from grpolab.rollout.decode import sample_completions
-from grpolab.rollout.engine import left_pad
+from grpolab.rollout.engines.base import left_pad
+from grpolab.rollout.engines.decode import sample_completions
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

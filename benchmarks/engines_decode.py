@@ -62,9 +62,9 @@ def main() -> None:
         args.rows, args.max_new_tokens, args.rounds = [4], 8, 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    from grpolab.rollout.engine import SamplingParams
-    from grpolab.rollout.hf_engine import HFGenerationEngine
-    from grpolab.rollout.vllm_engine import VLLMGenerationEngine
+    from grpolab.rollout.engines.base import SamplingParams
+    from grpolab.rollout.engines.hf import HFGenerationEngine
+    from grpolab.rollout.engines.vllm import VLLMGenerationEngine
 
     policy, tok, prompts = build(args.dtype, 1 if args.quick else None)
     # no stop token ever sampled in practice (random weights): every row decodes max_new_tokens

@@ -6,7 +6,7 @@ second against the in-process rollout=vllm at the same work. Run in the environm
     python benchmarks/sampler_server.py --part steps --steps 20
 
 Part ``push``: for each model, an engine starts a server (pinned to core 0) on the random-weight model, then pushes
-the weights ``--pushes`` times (:class:`~grpolab.rollout.vllm_server_push.FilePush` on CPU: a safetensors file in
+the weights ``--pushes`` times (:class:`~grpolab.rollout.engines.vllm_server.transport.FilePush` on CPU: a safetensors file in
 /dev/shm that the server reloads); reported: bytes per push, seconds per push (mean after the start-up load),
 split into writing the file and the server's pause + reload + relabel, and bytes/s. Models: the tiny char model
 (float32); "~100M": Qwen2.5-0.5B's layer shapes (hidden 896, 14/2 heads, MLP 4864) with 5 layers and a 32000
@@ -62,7 +62,7 @@ def push_part(out: Path, pushes: int, sizes: list[str]) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpolab.models import TinyCharModel
-    from grpolab.rollout.vllm_server_engine import VLLMServerEngine
+    from grpolab.rollout.engines.vllm_server.engine import VLLMServerEngine
 
     rows = {}
     for name in sizes:

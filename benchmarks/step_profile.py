@@ -66,7 +66,7 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    import grpolab.algo.theorem1 as theorem1_mod
+    import grpolab.forward.theorem1 as theorem1_mod
     import grpolab.module as module_mod
     import grpolab.rollout.producer as producer_mod
     import grpolab.rollout.reference as reference_mod

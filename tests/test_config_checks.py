@@ -59,7 +59,7 @@ def test_a_broken_checkpoint_names_the_path(tmp_path, content, message):
 
 def test_a_nan_reward_names_the_step_and_the_prompt(tmp_path, tiny_spec, arithmetic_task):
     from grpolab.config import GRPOConfig
-    from grpolab.rollout.hf_engine import HFGenerationEngine
+    from grpolab.rollout.engines.hf import HFGenerationEngine
     from grpolab.rollout.producer import RolloutProducer
     from grpolab.verifiers.reward import Verifier
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import TINY_ARCH
 
+from grpolab.forward.logprob_pass import batched_log_probs, completion_log_probs
 from grpolab.models import TinyCharModel
-from grpolab.rollout.forward import batched_log_probs, completion_log_probs
 
 
 def _policy(dropout: float) -> torch.nn.Module:

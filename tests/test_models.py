@@ -3,10 +3,10 @@
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from grpolab.forward.logprob_pass import batched_log_probs, completion_log_probs
 from grpolab.models import PretrainedModel, build_char_tokenizer, make_reference
-from grpolab.rollout.engine import SamplingParams
-from grpolab.rollout.forward import batched_log_probs, completion_log_probs
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.engines.base import SamplingParams
+from grpolab.rollout.engines.hf import HFGenerationEngine
 
 
 def _gpt2_folder(path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.rollout.forward import batched_log_probs
+from grpolab.forward.logprob_pass import batched_log_probs
 from grpolab.run import build, run_training
 
 QUIET = ["trainer.val_check_interval=100", "val.at_start=false", "save_policy=false",

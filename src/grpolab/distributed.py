@@ -191,7 +191,7 @@ def check_trainer(trainer: Any, export_lora: bool = False, engine: Any = None) -
         trainer: the ``trainer`` config node (mapping with ``accelerator``, ``devices``, ``num_nodes``,
             ``strategy``).
         export_lora: a LoRA policy will be exported (``model.lora.r`` and ``save_policy``).
-        engine: the rollout engine class (:class:`~grpolab.rollout.engine.GenerationEngine`); FSDP needs one whose
+        engine: the rollout engine class (:class:`~grpolab.rollout.engines.base.GenerationEngine`); FSDP needs one whose
             ``supports_sharded_policy`` is true.
 
     Raises:

@@ -25,7 +25,7 @@ Synchronous runs hold the training step and generation at different times (the p
 ``rollout.async_generation`` overlaps them (the peak takes both).
 
 Activation constants were measured on this project's CPU (peak RSS of a forward + backward through
-``grpolab.rollout.forward.completion_log_probs``, sdpa attention, random Qwen2 models): the logits of the
+``grpolab.forward.logprob_pass.completion_log_probs``, sdpa attention, random Qwen2 models): the logits of the
 completion positions cost 12 bytes per element in float32 (the logits, the gradient built by the per-row
 log-softmax and the sliced logits' gradient) and 11 under bfloat16 autocast; a decoder layer keeps
 ``12 h + 4 i + 2 kv_dim`` elements per token (within 7% of the measurement for h = 256..512,

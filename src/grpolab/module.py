@@ -32,18 +32,18 @@ from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.algo.metric_reduction import step_weights
 from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
-from grpolab.algo.theorem1 import lower_bound_metrics
 from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import FP16_SCALER_MESSAGE
 from grpolab.distributed import is_sharded, shard_models
 from grpolab.errors import ConfigError, NonFiniteLossError
+from grpolab.forward.logprob_pass import completion_log_probs
+from grpolab.forward.theorem1 import lower_bound_metrics
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
 from grpolab.previous_policy import PreviousPolicy
 from grpolab.rank_state import gather_rank_state, own_rank_state
 from grpolab.rollout.buffer import Minibatch
-from grpolab.rollout.forward import completion_log_probs
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from grpolab.errors import ConfigError
 from grpolab.evaluation.final import check_final_eval
 from grpolab.lora import LoraSettings, validate_lora
 from grpolab.plan_check import check_memory_plan
-from grpolab.rollout.engine import GenerationEngine
-from grpolab.rollout.kv_cache import CACHE_IMPLEMENTATIONS
+from grpolab.rollout.engines.base import GenerationEngine
+from grpolab.rollout.engines.kv_cache import CACHE_IMPLEMENTATIONS
 from grpolab.rollout.resume import resume_conflicts
 from grpolab.rollout.settings import RolloutSettings, resolve_rollout
 

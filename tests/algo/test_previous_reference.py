@@ -11,8 +11,8 @@ from grpolab.algo import grpo_loss
 from grpolab.algo.loss_config import LossConfig
 from grpolab.algo.policy_loss import PolicyLossInputs, importance_ratios
 from grpolab.errors import ConfigError
+from grpolab.forward.logprob_pass import completion_log_probs
 from grpolab.previous_policy import PreviousPolicy
-from grpolab.rollout.forward import completion_log_probs
 
 
 def _batch(tok):

@@ -19,8 +19,8 @@ from conftest import TINY_ARCH
 
 from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.losses import LossConfig, grpo_loss
+from grpolab.forward.logprob_pass import completion_log_probs
 from grpolab.models import build_char_tokenizer, random_qwen2
-from grpolab.rollout.forward import completion_log_probs
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 B, P, T, MICRO = 8, 4, 6, 2  # global batch of 8 sequences, micro-batches of 2

@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.losses import LossConfig, grpo_loss
 from grpolab.distributed import check_devices, check_trainer, iter_full_parameters
+from grpolab.forward.logprob_pass import completion_log_probs
 from grpolab.models import TinyCharModel
-from grpolab.rollout.forward import completion_log_probs
 
 
 def _batch():
@@ -65,8 +65,8 @@ def test_fsdp_with_lora_export_is_rejected_early():
     check_trainer(cfg)  # FSDP2 itself runs on this CPU (gloo)
     with pytest.raises(ValueError, match=r"trainer=fsdp with model\.lora\.r.*trainer=ddp"):
         check_trainer(cfg, export_lora=True)
-    from grpolab.rollout.copy_engine import HFSamplerCopyEngine
-    from grpolab.rollout.hf_engine import HFGenerationEngine
+    from grpolab.rollout.engines.hf import HFGenerationEngine
+    from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 
     with pytest.raises(ValueError, match=r"trainer=fsdp cannot be used with HFSamplerCopyEngine.*rollout=hf"):
         check_trainer(cfg, engine=HFSamplerCopyEngine)  # a sampler copy of a sharded policy

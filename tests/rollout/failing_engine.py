@@ -3,7 +3,7 @@ error of a dying sampler; every other call is the real HF engine's)."""
 
 from __future__ import annotations
 
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.engines.hf import HFGenerationEngine
 
 
 class FailingHFEngine(HFGenerationEngine):

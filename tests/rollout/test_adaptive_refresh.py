@@ -8,7 +8,7 @@ from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
 from grpolab.config import GRPOConfig
-from grpolab.rollout.copy_engine import HFSamplerCopyEngine
+from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.settings import RolloutSettings
 from grpolab.run import run_training
 

@@ -9,7 +9,7 @@ from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
 from grpolab.rollout.background import RolloutEngineError
-from grpolab.rollout.copy_engine import HFSamplerCopyEngine
+from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.run import run_training
 
 ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]

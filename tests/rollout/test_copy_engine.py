@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from grpolab.rollout.copy_engine import HFSamplerCopyEngine
-from grpolab.rollout.engine import SamplingParams
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.engines.base import SamplingParams
+from grpolab.rollout.engines.hf import HFGenerationEngine
+from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.settings import RolloutSettings, split_rollout_config
 
 
@@ -101,7 +101,7 @@ def test_log_alpha_is_recorded_while_sampling_unless_recomputed(tiny_spec, arith
     # forward over the buffer; they equal the trainer's forward of the sampler's weights to float32 round-off.
     # The in-place engine recomputes by default (lag-0 ratio exactly 1).
     from grpolab.config import GRPOConfig
-    from grpolab.rollout.forward import batched_log_probs
+    from grpolab.forward.logprob_pass import batched_log_probs
     from grpolab.rollout.producer import RolloutProducer
 
     tok = tiny_spec.load_tokenizer()

@@ -2,10 +2,10 @@
 
 import torch
 
-from grpolab.rollout.decode import sample_completions
-from grpolab.rollout.engine import SamplingParams, left_pad
-from grpolab.rollout.forward import completion_log_probs
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.forward.logprob_pass import completion_log_probs
+from grpolab.rollout.engines.base import SamplingParams, left_pad
+from grpolab.rollout.engines.decode import sample_completions
+from grpolab.rollout.engines.hf import HFGenerationEngine
 
 
 def _prompts(tok):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from grpolab.rollout.engine import SamplingParams, left_pad
-from grpolab.rollout.forward import completion_log_probs
-from grpolab.rollout.hf_engine import HFGenerationEngine, _merge
+from grpolab.forward.logprob_pass import completion_log_probs
+from grpolab.rollout.engines.base import SamplingParams, left_pad
+from grpolab.rollout.engines.hf import HFGenerationEngine, _merge
 
 
 def test_merge_keeps_truncation_when_pad_is_a_stop_id():

@@ -15,8 +15,8 @@ from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
 from grpolab.rollout.background import RolloutEngineError
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
-from grpolab.rollout.copy_engine import HFSamplerCopyEngine
-from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.run import build, run_training
 
 

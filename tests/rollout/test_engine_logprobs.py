@@ -13,9 +13,9 @@ import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
 from grpolab.config import GRPOConfig
+from grpolab.forward.logprob_pass import batched_log_probs
 from grpolab.module import GRPOModule
-from grpolab.rollout.forward import batched_log_probs
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 
 OFFSET = 0.1

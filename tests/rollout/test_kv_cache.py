@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from grpolab.rollout.decode import sample_completions
-from grpolab.rollout.engine import SamplingParams, left_pad
-from grpolab.rollout.hf_engine import HFGenerationEngine
-from grpolab.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
+from grpolab.rollout.engines.base import SamplingParams, left_pad
+from grpolab.rollout.engines.decode import sample_completions
+from grpolab.rollout.engines.hf import HFGenerationEngine
+from grpolab.rollout.engines.kv_cache import PreallocatedCache, PreallocatedLayer
 
 PROMPTS = ["1+2=", "12+34=", "5+67=", "99+99=", "3+3="]
 

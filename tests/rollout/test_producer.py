@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpolab.config import GRPOConfig
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 
 

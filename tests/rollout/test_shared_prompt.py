@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from grpolab.algo.losses import LossConfig, grpo_loss, loss_denominator
-from grpolab.rollout.engine import SamplingParams
-from grpolab.rollout.forward import batched_log_probs, completion_log_probs
-from grpolab.rollout.hf_engine import HFGenerationEngine
-from grpolab.rollout.shared_prompt import prompt_groups, supports_shared_prompt
+from grpolab.forward.logprob_pass import batched_log_probs, completion_log_probs
+from grpolab.forward.shared_prompt import prompt_groups, supports_shared_prompt
+from grpolab.rollout.engines.base import SamplingParams
+from grpolab.rollout.engines.hf import HFGenerationEngine
 
 
 def _loss_and_grads(model, batch, shared, micro_batch_size, temperature=0.7):
@@ -147,7 +147,7 @@ def test_shared_prompt_forward_is_validated():
 
 
 def test_length_buckets_match_one_pass(tiny_spec):
-    from grpolab.rollout.buckets import length_buckets
+    from grpolab.forward.buckets import length_buckets
 
     model = tiny_spec.load_policy()
     model.train()

@@ -16,7 +16,7 @@ import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
 from grpolab.config import GRPOConfig
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.run import run_training
 

@@ -12,8 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from grpolab.rollout.vllm_server import ServerClient
-from grpolab.rollout.vllm_server_push import PUSH_PREFIX, FilePush
+from grpolab.rollout.engines.vllm_server.process import ServerClient
+from grpolab.rollout.engines.vllm_server.transport import PUSH_PREFIX, FilePush
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
@@ -23,8 +23,8 @@ def test_a_push_folder_of_a_killed_run_is_removed_by_the_next_run():
     # the run that owns a push folder is SIGKILLed (an OOM kill): no clean-up runs in it
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time
-        from grpolab.rollout.vllm_server import ServerClient
-        from grpolab.rollout.vllm_server_push import FilePush
+        from grpolab.rollout.engines.vllm_server.process import ServerClient
+        from grpolab.rollout.engines.vllm_server.transport import FilePush
         push = FilePush(ServerClient("http://127.0.0.1:9"))
         (push.folder / "model.safetensors").write_bytes(b"0" * 4096)
         print(push.folder, flush=True)
@@ -53,8 +53,8 @@ def test_a_push_folder_of_a_killed_run_is_removed_by_the_next_run():
 
 def test_a_push_folder_goes_at_exit_after_an_error():
     out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        from grpolab.rollout.vllm_server import ServerClient
-        from grpolab.rollout.vllm_server_push import FilePush
+        from grpolab.rollout.engines.vllm_server.process import ServerClient
+        from grpolab.rollout.engines.vllm_server.transport import FilePush
         push = FilePush(ServerClient("http://127.0.0.1:9"))
         print(push.folder, flush=True)
         raise RuntimeError("the run fails, close() is never called")
@@ -71,7 +71,7 @@ def test_requests_to_a_server_that_stopped_answering_do_not_hold_the_exit():
         url = f"http://127.0.0.1:{hung.getsockname()[1]}"
         code = textwrap.dedent(f"""
             import time
-            from grpolab.rollout.vllm_server import RequestPool, ServerClient
+            from grpolab.rollout.engines.vllm_server.process import RequestPool, ServerClient
             client = ServerClient({url!r})
             pool = RequestPool(4, "vllm-server-request")
             futures = [pool.submit(client.call, "/inference/v1/generate", {{"token_ids": [1]}}, 300.0)

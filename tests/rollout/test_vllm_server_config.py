@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
+from grpolab.rollout.engines.vllm_server.process import ServerError, ServerProcess, free_port
 from grpolab.rollout.settings import resolve_rollout
-from grpolab.rollout.vllm_server import ServerError, ServerProcess, free_port
 
 
 def _resolve(tmp_path, *overrides):
@@ -89,7 +89,7 @@ def test_a_server_that_exits_at_start_is_reported_with_its_status(tmp_path):
 
 def test_a_given_url_that_never_answers_is_named_within_the_startup_timeout(tmp_path):
     from grpolab.models import TinyCharModel
-    from grpolab.rollout.vllm_server_engine import VLLMServerEngine
+    from grpolab.rollout.engines.vllm_server.engine import VLLMServerEngine
 
     port = free_port("127.0.0.1")  # nothing listens there
     spec = TinyCharModel(warmstart=None, hidden_size=32, num_hidden_layers=1, num_attention_heads=1,
@@ -105,7 +105,7 @@ def test_a_given_url_that_never_answers_is_named_within_the_startup_timeout(tmp_
 
 
 def test_a_started_cpu_server_prefills_whole_prompts():
-    from grpolab.rollout.vllm_server_config import ServerSettings, server_args
+    from grpolab.rollout.engines.vllm_server.settings import ServerSettings, server_args
 
     knobs = {"tensor_parallel_size": 1, "max_model_len": None}
     cpu, _, _ = server_args(ServerSettings(), knobs, "/m", "policy", "float32", on_gpu=False, context_len=32768)

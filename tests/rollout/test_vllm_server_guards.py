@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpolab.rollout.vllm_server import ServerError
-from grpolab.rollout.vllm_server_guards import check_weight_versions
+from grpolab.rollout.engines.vllm_server.guards import check_weight_versions
+from grpolab.rollout.engines.vllm_server.process import ServerError
 
 URL = "http://127.0.0.1:8000"
 

@@ -15,11 +15,11 @@ from conftest import FAST_OVERRIDES, TINY_ARCH, compose_train_cfg
 
 pytest.importorskip("vllm")
 
+from grpolab.forward.logprob_pass import batched_log_probs  # noqa: E402
 from grpolab.models import TinyCharModel  # noqa: E402
-from grpolab.rollout.engine import SamplingParams  # noqa: E402
-from grpolab.rollout.forward import batched_log_probs  # noqa: E402
-from grpolab.rollout.vllm_check import check_push  # noqa: E402
-from grpolab.rollout.vllm_engine import VLLMGenerationEngine  # noqa: E402
+from grpolab.rollout.engines.base import SamplingParams  # noqa: E402
+from grpolab.rollout.engines.vllm import VLLMGenerationEngine  # noqa: E402
+from grpolab.rollout.engines.vllm_check import check_push  # noqa: E402
 from grpolab.run import build, summarize  # noqa: E402
 
 # vLLM's CPU attention kernels reject a head size of 16 (TINY_ARCH's 32 / 2 heads): one head of 32.

@@ -24,7 +24,7 @@ from grpolab.distributed import sum_floats_over_ranks
 from grpolab.handle import PolicyHandle
 from grpolab.rollout.adaptive import DriftRefresh
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
-from grpolab.rollout.engine import GenerationEngine
+from grpolab.rollout.engines.base import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder, check_split_sizes
 from grpolab.rollout.reference import refresh_reference_if_due

@@ -15,9 +15,9 @@ import torch
 
 from grpolab.algo.advantages import rows_in_loss
 from grpolab.config import GRPOConfig
+from grpolab.forward.logprob_pass import batched_log_probs
 from grpolab.rollout.buffer import Minibatch
-from grpolab.rollout.engine import GenerationEngine, SamplingParams
-from grpolab.rollout.forward import batched_log_probs
+from grpolab.rollout.engines.base import GenerationEngine, SamplingParams
 
 
 def encode_prompts(task: Any, tokenizer: Any, rows: list[dict], max_prompt_length: int | None) -> list[list[int]]:
@@ -44,7 +44,7 @@ class RolloutProducer:
         cfg: the validated algorithm settings.
         task: the task (prompt formatting).
         tokenizer: the policy's tokenizer.
-        engine: a :class:`~grpolab.rollout.engine.GenerationEngine`.
+        engine: a :class:`~grpolab.rollout.engines.base.GenerationEngine`.
         verifier: a callable ``(completions, **columns) -> RewardOutput`` (``.rewards``, ``.per_func``).
         needs_sampler_logp: store log alpha with every minibatch (needed whenever a minibatch can be trained at a
             lag > 0); None = ``cfg.reuses_samples``.
@@ -102,7 +102,7 @@ class RolloutProducer:
         (None = torch's global RNG). ``log_probs`` asks the engine for the sampled tokens' log-probs.
 
         Returns:
-            dict with ``generation`` (:class:`~grpolab.rollout.engine.Generation`), ``rows`` (each input row
+            dict with ``generation`` (:class:`~grpolab.rollout.engines.base.Generation`), ``rows`` (each input row
             repeated), ``completions`` (decoded text of the masked tokens), ``rewards`` [N] float (NaN =
             unscorable), ``per_func`` (name -> list of float|None).
         """

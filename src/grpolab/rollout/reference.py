@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpolab.rollout.forward import batched_log_probs
+from grpolab.forward.logprob_pass import batched_log_probs
 
 
 def refresh_reference(reference: Any, policy: Any, remaining: list[Any], cfg: Any) -> int:

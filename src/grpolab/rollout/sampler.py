@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.engine import GenerationEngine
+from grpolab.rollout.engines.base import GenerationEngine
 
 
 class SamplerPolicy:

@@ -13,7 +13,7 @@ from hydra.utils import get_class
 
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
-from grpolab.rollout.engine import GenerationEngine
+from grpolab.rollout.engines.base import GenerationEngine
 
 
 @dataclass
@@ -144,7 +144,7 @@ def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig) -> tuple[type[Gen
     except Exception as err:  # Hydra raises ImportError or ValueError depending on what is missing
         raise ConfigError(f"rollout._target_={target!r} is not an importable class ({err})") from err
     if not (isinstance(engine_cls, type) and issubclass(engine_cls, GenerationEngine)):
-        raise ConfigError(f"rollout._target_={target!r} is not a grpolab.rollout.engine.GenerationEngine subclass")
+        raise ConfigError(f"rollout._target_={target!r} is not a grpolab.rollout.engines.base.GenerationEngine subclass")
     if settings.async_generation is True:
         engine_cls = engine_cls.async_engine()
         engine_args["_target_"] = f"{engine_cls.__module__}.{engine_cls.__qualname__}"

@@ -5,9 +5,9 @@ the data module, the refresh strategies, the settings checks and the evaluator u
 adding an engine is one file (a subclass) plus one yaml in ``conf/rollout/`` whose ``_target_`` names it.
 Nothing outside an engine inspects its class or probes it for attributes.
 
-The engines that ship: :class:`~grpolab.rollout.hf_engine.HFGenerationEngine` (in place, on the live policy),
-:class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine` (a private copy of the policy) and
-:class:`~grpolab.rollout.vllm_engine.VLLMGenerationEngine` (an in-process vLLM engine).
+The engines that ship: :class:`~grpolab.rollout.engines.hf.HFGenerationEngine` (in place, on the live policy),
+:class:`~grpolab.rollout.engines.hf_copy.HFSamplerCopyEngine` (a private copy of the policy) and
+:class:`~grpolab.rollout.engines.vllm.VLLMGenerationEngine` (an in-process vLLM engine).
 """
 
 from __future__ import annotations
@@ -122,13 +122,28 @@ class GenerationEngine(ABC):
         keys), raising :class:`~grpolab.errors.ConfigError` naming ``rollout.<key>``. Called before any model is
         built. Default: nothing to check (the constructor still validates its arguments)."""
 
+    #: The ``_target_`` path of the class to use instead with ``rollout.async_generation=true`` (built with the same
+    #: arguments), for an engine that samples on the live policy and has a variant owning a copy; None = this class.
+    #: A path rather than a class, as in a config's ``_target_``, so an engine never imports its variant's module.
+    async_target: ClassVar[str | None] = None
+
     @classmethod
     def async_engine(cls) -> type[GenerationEngine]:
-        """The engine class to use with ``rollout.async_generation=true``, built with the same arguments.
+        """The engine class to use with ``rollout.async_generation=true``: this class if it owns its weights or names
+        no variant, else the class at :attr:`async_target`.
 
-        Default: this class (it must own its weights). An in-place engine may name its copy-owning variant.
+        Raises:
+            TypeError: :attr:`async_target` is not a :class:`GenerationEngine` that owns its weights.
         """
-        return cls
+        if cls.owns_weights or cls.async_target is None:
+            return cls
+        from hydra.utils import get_class
+
+        variant = get_class(cls.async_target)
+        if not (isinstance(variant, type) and issubclass(variant, GenerationEngine) and variant.owns_weights):
+            raise TypeError(f"{cls.__name__}.async_target={cls.async_target!r} is not a GenerationEngine that owns "
+                            "its weights")
+        return variant
 
     # --------------------------------------------------------------------------------------- sampling
     @abstractmethod

@@ -1,4 +1,4 @@
-"""A preallocated KV cache for the decode loop (:func:`grpolab.rollout.decode.sample_completions`).
+"""A preallocated KV cache for the decode loop (:func:`grpolab.rollout.engines.decode.sample_completions`).
 
 transformers' ``DynamicCache`` appends each step's keys and values with ``torch.cat``: every decoding step
 allocates a new ``[rows, kv_heads, length + 1, head_dim]`` tensor per layer and copies the whole cache into it

@@ -119,7 +119,7 @@ def check_engine_args(args: dict[str, Any]) -> ServerSettings:
     if not isinstance(s.extra_args, list) or not all(isinstance(a, str) for a in s.extra_args):
         raise ConfigError(f"rollout.server.extra_args must be a list of strings, got {s.extra_args!r}")
     if s.url is None and s.port is not None:
-        from grpolab.rollout.vllm_server import port_in_use
+        from grpolab.rollout.engines.vllm_server.process import port_in_use
 
         if port_in_use(s.host, s.port):
             raise ConfigError(f"rollout.server.port={s.port}: port {s.port} on {s.host} is already in use; pick "
@@ -149,7 +149,7 @@ def server_args(s: ServerSettings, knobs: dict[str, Any], model_dir: str, served
 
     ``context_len``: the model's ``max_position_embeddings`` (on CPU the server prefills whole prompts only:
     ``--no-enable-chunked-prefill`` with a token budget of at least the context; a chunked prefill of a seeded
-    request kills vLLM's CPU engine core, see :mod:`grpolab.rollout.vllm_engine`).
+    request kills vLLM's CPU engine core, see :mod:`grpolab.rollout.engines.vllm`).
 
     Fixed choices: no tokenizer (token ids in and out), ``processed_logprobs`` (log alpha), vLLM's own generation
     defaults (the model's ``generation_config.json`` may not change the distribution), prefix caching on,

@@ -1,5 +1,5 @@
 """The vLLM server process and its HTTP client, for ``rollout=vllm_server``
-(:mod:`grpolab.rollout.vllm_server_engine`).
+(:mod:`grpolab.rollout.engines.vllm_server.engine`).
 
 :class:`ServerProcess` starts vLLM's own OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
 what ``vllm serve`` runs) as a child of the training process, in its own session (process group), pinned to the

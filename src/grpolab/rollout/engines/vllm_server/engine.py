@@ -1,11 +1,11 @@
 """``rollout=vllm_server``: the sampler is a vLLM server in its own process, on its own devices or CPU cores, and
 receives the policy's weights once per sampler refresh (every ``algo.steps_per_generation`` steps).
 
-The server is either started by the run (:class:`~grpolab.rollout.vllm_server.ServerProcess`: vLLM's OpenAI-compatible
+The server is either started by the run (:class:`~grpolab.rollout.engines.vllm_server.process.ServerProcess`: vLLM's OpenAI-compatible
 server, on ``rollout.server.devices``, stopped with the run) or already running at ``rollout.server.url``. At the first
 refresh the engine writes the policy (config + one safetensors file of its full weights, LoRA merged) into
 ``rollout.server.workdir`` and starts the server on it; that load counts as the first push. Every later refresh
-pushes from trainer rank 0 (:mod:`grpolab.rollout.vllm_server_push`: a shared-memory file the server reloads on CPU,
+pushes from trainer rank 0 (:mod:`grpolab.rollout.engines.vllm_server.transport`: a shared-memory file the server reloads on CPU,
 vLLM's NCCL weight transfer on GPU) and labels the weights ``step<version>-push<n>`` with vLLM's weight-version
 endpoint.
 
@@ -40,14 +40,15 @@ import torch
 
 from grpolab.errors import ConfigError
 from grpolab.lora import full_policy_state
-from grpolab.rollout.completions import to_generation
-from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams
-from grpolab.rollout.hf_engine import HFGenerationEngine
-from grpolab.rollout.vllm_check import check_push
-from grpolab.rollout.vllm_server import RequestPool, ServerClient, ServerError, ServerProcess, free_port
-from grpolab.rollout.vllm_server_config import ServerSettings, check_engine_args, server_args
-from grpolab.rollout.vllm_server_guards import check_weight_versions
-from grpolab.rollout.vllm_server_push import FilePush, NcclPush
+from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+from grpolab.rollout.engines.completions import to_generation
+from grpolab.rollout.engines.hf import HFGenerationEngine
+from grpolab.rollout.engines.vllm_check import check_push
+
+from .guards import check_weight_versions
+from .process import RequestPool, ServerClient, ServerError, ServerProcess, free_port
+from .settings import ServerSettings, check_engine_args, server_args
+from .transport import FilePush, NcclPush
 
 SERVED_NAME = "grpolab-policy"
 STARTUP_CHECKS = 2  # pushes followed by the log-prob probe: the start-up load, and the first reload
@@ -86,7 +87,7 @@ class VLLMServerEngine(GenerationEngine):
     Args:
         stop_token_ids: token ids that end a completion.
         pad_token_id: id used to pad completions.
-        server: ``rollout.server`` (:class:`~grpolab.rollout.vllm_server_config.ServerSettings`): where the
+        server: ``rollout.server`` (:class:`~grpolab.rollout.engines.vllm_server.settings.ServerSettings`): where the
             server runs or is, its devices, timeouts, requests in flight and weight transport.
         dtype: the server's weights' dtype; ``auto`` = the policy's (keeps engine and trainer log-probs comparable).
         max_model_len, kv_cache_memory_bytes, gpu_memory_utilization, enforce_eager, max_num_seqs,
@@ -117,7 +118,7 @@ class VLLMServerEngine(GenerationEngine):
         """
         settings = check_engine_args(args)
         if settings.url is None and importlib.util.find_spec("vllm") is None:
-            from grpolab.rollout.vllm_engine import INSTALL_HINT
+            from grpolab.rollout.engines.vllm import INSTALL_HINT
 
             raise ImportError("rollout=vllm_server starts a vLLM server (rollout.server.url is null), and vLLM is not "
                               f"installed here. Install it with {INSTALL_HINT}, or give rollout.server.url")
@@ -286,7 +287,7 @@ class VLLMServerEngine(GenerationEngine):
             self._check(model, rank, world)
 
     def _check(self, model: Any, rank: int, world: int) -> None:
-        """The probe of the first pushes (:func:`~grpolab.rollout.vllm_check.check_push`): rank 0 asks the server.
+        """The probe of the first pushes (:func:`~grpolab.rollout.engines.vllm_check.check_push`): rank 0 asks the server.
         Under FSDP the trainer's forward is a collective, so every rank runs it on the probe rank 0 received
         (broadcast); otherwise rank 0 checks alone."""
         from grpolab.distributed import is_sharded
@@ -373,7 +374,7 @@ class VLLMServerEngine(GenerationEngine):
         """Sample one completion per prompt on the server (starting it from ``model`` if nothing was pushed yet).
 
         Returns:
-            A CPU :class:`~grpolab.rollout.engine.Generation` with ``sampler_logp`` [B, L] float32, the server's
+            A CPU :class:`~grpolab.rollout.engines.base.Generation` with ``sampler_logp`` [B, L] float32, the server's
             processed log-probs (None for greedy decoding).
 
         Raises:

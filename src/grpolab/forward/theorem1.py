@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from grpolab.algo.diagnostics import c_weight, theorem1_group_bound
-from grpolab.rollout.forward import batched_log_probs
+from grpolab.forward.logprob_pass import batched_log_probs
 
 BOUND_KEYS = ("lower_bound", "lower_bound/surrogate", "lower_bound/c_tv", "lower_bound/tv_seq_k")
 

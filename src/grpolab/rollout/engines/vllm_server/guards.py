@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpolab.rollout.vllm_server import ServerError
+from grpolab.rollout.engines.vllm_server.process import ServerError
 
 
 def check_weight_versions(choice: dict[str, Any], label: str | None, num_tokens: int, url: str) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.engine import Generation, GenerationEngine, SamplingParams
-from grpolab.rollout.hf_engine import HFGenerationEngine
+from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
+from grpolab.rollout.engines.hf import HFGenerationEngine
 
 
 class HFSamplerCopyEngine(HFGenerationEngine):

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+TESTED_VLLM_VERSIONS = ("0.32.0",)  # the vLLM versions whose in-memory weight reload was checked
+
 
 def check_push(engine: Any, model: Any, sample: Callable[..., list[tuple[list[int], list[float]]]] | None = None,
                what: str | None = None) -> dict[str, float]:
@@ -30,8 +32,7 @@ def check_push(engine: Any, model: Any, sample: Callable[..., list[tuple[list[in
         RuntimeError: if they differ by more than the tolerance (the push did not reach the engine's weights,
             e.g. a vLLM whose reload API differs, or the engine's dtype differs from the policy's).
     """
-    from grpolab.rollout.forward import completion_log_probs
-    from grpolab.rollout.vllm_engine import TESTED_VLLM_VERSIONS
+    from grpolab.forward.logprob_pass import completion_log_probs
 
     vocab = int(model.config.vocab_size)
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Turn an inference engine's sampled token ids and log-probs into a :class:`~grpolab.rollout.engine.Generation`
+"""Turn an inference engine's sampled token ids and log-probs into a :class:`~grpolab.rollout.engines.base.Generation`
 (shared by the in-process vLLM engine and the vLLM server engine)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grpolab.algo.masks import completion_mask
-from grpolab.rollout.engine import Generation, left_pad
+from grpolab.rollout.engines.base import Generation, left_pad
 
 
 def to_generation(prompts: list[list[int]], completions: list[list[int]], logps: list[list[float]] | None,
@@ -22,7 +22,7 @@ def to_generation(prompts: list[list[int]], completions: list[list[int]], logps:
         pad_token_id: the id written after a completion's end.
 
     Returns:
-        A CPU :class:`~grpolab.rollout.engine.Generation`; ``sampler_logp`` [B, L] float32 is 0 outside the mask,
+        A CPU :class:`~grpolab.rollout.engines.base.Generation`; ``sampler_logp`` [B, L] float32 is 0 outside the mask,
         None when ``logps`` is None.
     """
     width = max(max((len(c) for c in completions), default=0), 1)

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.kv_cache import CACHE_IMPLEMENTATIONS, PreallocatedCache
-from grpolab.rollout.shared_prompt import prompt_groups
+from grpolab.forward.shared_prompt import prompt_groups
+from grpolab.rollout.engines.kv_cache import CACHE_IMPLEMENTATIONS, PreallocatedCache
 
 
 def supports_decode_loop(model: Any) -> bool:
@@ -52,7 +52,7 @@ def sample_completions(model: Any, input_ids: torch.Tensor, attention_mask: torc
             (``log_softmax(logits / temperature)``; untempered when greedy, as ``generate``'s scores).
         generator: the ``torch.Generator`` of the draws (None = torch's global RNG).
         cache_implementation: ``"dynamic"``: the model's ``DynamicCache`` (grows by ``torch.cat`` each step);
-            ``"preallocated"``: after the prefill, a :class:`~grpolab.rollout.kv_cache.PreallocatedCache` of
+            ``"preallocated"``: after the prefill, a :class:`~grpolab.rollout.engines.kv_cache.PreallocatedCache` of
             ``[B, kv_heads, P + max_new_tokens - 1, head_dim]`` per layer written in place (same tokens and
             log-probs, bit for bit).
 

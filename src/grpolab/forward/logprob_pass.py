@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from grpolab.algo.logprobs import entropy_from_logits, token_log_probs
-from grpolab.rollout.buckets import length_buckets
-from grpolab.rollout.shared_prompt import shared_prompt_logits, trim_padding
+from grpolab.forward.buckets import length_buckets
+from grpolab.forward.shared_prompt import shared_prompt_logits, trim_padding
 
 
 def completion_log_probs(
@@ -35,10 +35,10 @@ def completion_log_probs(
         temperature: sampling temperature (> 0).
         with_entropy: also return the per-token entropy of the tempered distribution (no grad).
         shared_prompt: run each distinct prompt once and the completions on its KV cache
-            (:mod:`grpolab.rollout.shared_prompt`, ``algo.shared_prompt_forward``); same result to float
+            (:mod:`grpolab.forward.shared_prompt`, ``algo.shared_prompt_forward``); same result to float
             round-off, falls back to the plain forward when no rows share a prompt.
         max_buckets: split the rows into up to this many completion-length buckets when that computes
-            fewer padded positions (:func:`~grpolab.rollout.buckets.length_buckets`); 1 = one pass.
+            fewer padded positions (:func:`~grpolab.forward.buckets.length_buckets`); 1 = one pass.
 
     Returns:
         ``(logp [B, L] float32, entropy [B, L] or None)``. Positions outside ``completion_mask`` hold

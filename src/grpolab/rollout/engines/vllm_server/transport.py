@@ -13,7 +13,7 @@ Two transports, both driven over the server's HTTP control endpoints and both en
   broadcasts the tensors in packed buckets from trainer rank 0 to the server's workers over NCCL. Written
   against vLLM 0.32's source; NOT run here (this project's machines have no GPU).
 
-A push is never skipped silently: every failure raises :class:`~grpolab.rollout.vllm_server.ServerError`.
+A push is never skipped silently: every failure raises :class:`~grpolab.rollout.engines.vllm_server.process.ServerError`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.vllm_server import ServerClient, ServerError
+from grpolab.rollout.engines.vllm_server.process import ServerClient, ServerError
 
 log = logging.getLogger(__name__)
 
