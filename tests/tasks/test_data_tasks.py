@@ -217,3 +217,21 @@ def test_data_configs_instantiate(shared_data):
             assert prompt.endswith("put your final answer within \\boxed{}.")
         if name == "gsm8k":
             assert prompt.endswith('output the final answer after "####".')
+
+
+def test_an_unreachable_hub_fails_in_seconds_naming_the_local_file_keys(monkeypatch):
+    import time
+
+    import huggingface_hub.constants as hub
+
+    from grpolab.errors import ConfigError
+    from grpolab.tasks.loading import hub_reachable, load_hub
+
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    assert hub_reachable() is False
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"data\.hub_id='openai/gsm8k'.*data\.path \(and data\.test_path\)"):
+        load_hub("openai/gsm8k", "main", "train")
+    assert time.monotonic() - start < 10  # datasets alone retries for about 30 s
+    assert hub.HF_HUB_OFFLINE is False  # the offline switch is put back

@@ -14,6 +14,7 @@ import difflib
 import json
 import re
 from collections.abc import Iterable
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -122,19 +123,65 @@ def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
         ) from None
 
 
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub endpoint (``HF_ENDPOINT``) accepts a TCP connection within ``timeout_s``
+    seconds; False at once when ``HF_HUB_OFFLINE`` is set. Without this probe, ``datasets`` retries an unreachable
+    hub for about 30 s before failing."""
+    import socket
+    from urllib.parse import urlparse
+
+    import huggingface_hub.constants as hub
+
+    if hub.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(hub.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def _offline():
+    """``datasets`` and ``huggingface_hub`` in offline mode (the local cache only) for the duration."""
+    import datasets.config
+    import huggingface_hub.constants as hub
+
+    saved = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
+
+
 def load_hub(hub_id: str, config: str | None, split: str) -> list[Record]:
     """Load one split of a Hugging Face hub dataset with ``datasets.load_dataset``.
 
+    When the hub cannot be reached (:func:`hub_reachable`), only the local ``datasets`` cache is tried, so a
+    machine without a network fails in seconds, not after ``datasets``' retries.
+
     Raises:
-        ValueError: if the split has no rows.
-        RuntimeError: when ``datasets`` fails (unknown id, config or split, no network); the message
-            names the id, config and split, and the original error is chained.
+        ConfigError: the hub cannot be reached and the split is not cached (one line naming ``data.hub_id`` and the
+            local-file keys ``data.path`` / ``data.test_path``), or the split has no rows.
+        RuntimeError: when ``datasets`` fails otherwise (unknown id, config or split); the message names the id,
+            config and split, and the original error is chained.
     """
     import datasets
 
+    online = hub_reachable()
     try:
-        ds = datasets.load_dataset(hub_id, config, split=split)
+        with nullcontext() if online else _offline():
+            ds = datasets.load_dataset(hub_id, config, split=split)
     except Exception as e:
+        if not online:
+            raise ConfigError(
+                f"data.hub_id={hub_id!r} (config {config!r}, split {split!r}): the hub cannot be reached and the "
+                "split is not in the local datasets cache; set data.path (and data.test_path) to local "
+                ".jsonl/.json/.parquet files with the task's columns"
+            ) from e
         raise RuntimeError(
             f"could not load hub dataset {hub_id!r} (config {config!r}, split {split!r}): {e}"
         ) from e
