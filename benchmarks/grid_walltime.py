@@ -1,5 +1,5 @@
 """Wall time of a whole Hydra multirun grid: one job after another (Hydra's basic launcher) against N jobs at once
-(``hydra/launcher=joblib``), in one invocation (issue 28, item 1; docs/scale-out.md, "Every core").
+(``hydra/launcher=joblib``), in one invocation (issue 28, item 1; docs/guide/scale-out.md, "Every core").
 
     python benchmarks/grid_walltime.py                    # 6 jobs (algo x 3 seeds) of 300 steps, 2 jobs at once
     python benchmarks/grid_walltime.py --steps 20 --seeds 0,1 --n-jobs 2   # a quick check that it works

@@ -12,7 +12,7 @@ Measured here (2026-12-02, 2-core CPU, load about 3): 130-156 MiB per layer with
 MALLOC_MMAP_THRESHOLD_=131072. glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so
 later gradient and activation tensors come from the heap and stay resident after they are freed. Over 24 layers
 that is 1.1-1.7 GiB, most of the gap between the memory plan and the measured peak of the 0.5B bf16 rows in
-docs/scale-out.md (real shapes).
+docs/guide/scale-out.md (real shapes).
 """
 
 from __future__ import annotations

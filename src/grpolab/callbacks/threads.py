@@ -4,7 +4,7 @@ On a small CPU shared with other processes, torch's default (one intra-op thread
 cores: every parallel region waits for a descheduled thread, and the tiny model runs many times slower than
 with one thread. Measured on this project's 2-core machine under a load average of 7-10 (other jobs running),
 default tiny architecture, 40 steps without warm start: 0.70 steps/s with torch's default (2 threads) against
-9.05 steps/s with one thread (docs/training.md). The embedded models are too small for
+9.05 steps/s with one thread (docs/guide/training.md). The embedded models are too small for
 intra-op parallelism to pay, so ``torch_threads: auto`` gives them one thread; other models keep torch's
 default.
 

