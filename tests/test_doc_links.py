@@ -1,6 +1,6 @@
 """The documentation's links resolve: every relative markdown link in README.md, docs/ and sweeps/README.md names
-an existing file (and, with ``#anchor``, an existing heading of it), and every ``docs/<page>.md`` that a source
-file, config, sweep, benchmark, notebook or test names exists. Pages move; a stale pointer is caught here."""
+an existing file (and, with ``#anchor``, an existing heading of it), and every ``docs/<page>.md[#anchor]`` that a
+source file, config, sweep, benchmark, notebook or test names exists. Pages move; a stale pointer is caught here."""
 
 from __future__ import annotations
 
@@ -65,9 +65,13 @@ def missing_pages() -> list[str]:
              if p.is_file() and p.suffix in {".py", ".yaml", ".md", ".ipynb", ".sh", ".toml", ""}]
     missing = []
     for f in files:
-        for name in re.findall(r"(?<![\w/.])docs/[\w./-]+?\.md", f.read_text(errors="replace")):
-            if name not in EXTERNAL and not (REPO_ROOT / name).exists():
+        for name, anchor in re.findall(r"(?<![\w/.])(docs/[\w./-]+?\.md)(?:#([\w-]+))?", f.read_text(errors="replace")):
+            if name in EXTERNAL:
+                continue
+            if not (REPO_ROOT / name).exists():
                 missing.append(f"{f.relative_to(REPO_ROOT)}: {name}")
+            elif anchor and anchor not in anchors(REPO_ROOT / name):
+                missing.append(f"{f.relative_to(REPO_ROOT)}: {name}#{anchor} (no such heading)")
     return missing
 
 
