@@ -3,7 +3,7 @@
     ~/.cache/grpolab/venv-vllm/bin/python benchmarks/engines_decode.py                 # rows 4 16 64, 2 rounds
     ~/.cache/grpolab/venv-vllm/bin/python benchmarks/engines_decode.py --quick         # 1 layer: checks the script
 
-Not CI (minutes). Runs in the vLLM venv (README "vLLM"), which has grpolab, torch and vLLM. The model is
+Not CI (minutes). Runs in the vLLM venv (README, "Test"), which has grpolab, torch and vLLM. The model is
 Qwen2.5-0.5B's ``config.json`` shape (``conf/model/qwen0.5b.yaml``) with random weights (``model.init=random``),
 the real Qwen2.5 tokenizer, and GSM8K test questions in the chat template (``data=gsm8k``'s prompt); nothing is
 downloaded. vLLM gets the policy's weights by the engine's own ``sync_weights`` (the trainer's push), then, for

@@ -1,5 +1,6 @@
 """Wall time of a whole Hydra multirun grid: one job after another (Hydra's basic launcher) against N jobs at once
-(``hydra/launcher=joblib``), in one invocation (issue 28, item 1; docs/scale-out.md, "Every core").
+(``hydra/launcher=joblib``), in one invocation (docs/guide/evaluation-and-sweeps.md, "Every core"; the measured
+ratio: docs/results/performance.md).
 
     python benchmarks/grid_walltime.py                    # 6 jobs (algo x 3 seeds) of 300 steps, 2 jobs at once
     python benchmarks/grid_walltime.py --steps 20 --seeds 0,1 --n-jobs 2   # a quick check that it works
@@ -8,7 +9,7 @@ Each arm is one ``python src/train.py -m algo=grpo_onpolicy,grpo_offpolicy seed=
 into its own sweep folder (default tiny model and task, ``torch_threads=auto``: one thread per job; no policy
 export); the second adds ``hydra/launcher=joblib hydra.launcher.n_jobs=<n>``. A one-step run first fills the
 warm-start cache, so neither arm pays for it. Prints each arm's wall time, every job's ``time_total_s``, the ratio
-(target on the 2-core machine with 2 jobs at once: 1.7x or more) and the load average before and after: measure on
+(target with 2 jobs on 2 cores: 1.7x or more) and the load average before and after: measure on
 an otherwise idle machine. The numbers are also written to ``benchmarks/results/grid_walltime_<timestamp>.json``.
 """
 

@@ -8,11 +8,10 @@ a 1000-token vocabulary so the embedding does not dominate), two forward/backwar
 one torch thread. It prints the resident set after the second step (VmRSS, MiB) and its growth per layer. What a
 layer must hold after a step is its weights plus AdamW's two states: 3 x 14.9M x 2 bytes = 85 MiB.
 
-Measured here (2026-12-02, 2-core CPU, load about 3): 130-156 MiB per layer with glibc's default (two runs), 86 MiB with
-MALLOC_MMAP_THRESHOLD_=131072. glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so
-later gradient and activation tensors come from the heap and stay resident after they are freed. Over 24 layers
-that is 1.1-1.7 GiB, most of the gap between the memory plan and the measured peak of the 0.5B bf16 rows in
-docs/scale-out.md (real shapes).
+glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so
+later gradient and activation tensors come from the heap and stay resident after they are freed, which adds up
+over 24 layers; the measured figures and the gap they explained between the memory plan and the
+0.5B bf16 rows' peak: docs/results/real_shapes.md ("glibc's mmap threshold").
 """
 
 from __future__ import annotations

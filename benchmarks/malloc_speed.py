@@ -10,7 +10,7 @@ Each measurement is a fresh process, the two settings alternate within every rou
   training seconds from ``metrics.csv``).
 * ``0.5b``: forward + backward + AdamW of a ``--dtype`` Qwen2 at Qwen2.5-0.5B widths (hidden 896, intermediate
   4864, 14/2 heads) with ``--layers`` layers and a 1000-token vocabulary (the real 151,936-token head alone
-  takes minutes per step in bf16 on this CPU), on 4 x ``--tokens`` tokens, one torch thread; wall and CPU seconds of
+  takes minutes per step in bf16 on a CPU without bf16 instructions), on 4 x ``--tokens`` tokens, one torch thread; wall and CPU seconds of
   the last of 3 steps, and the peak RSS (VmHWM).
 
 CPU seconds (user + system, of the measured process only) are less sensitive than wall seconds to the other jobs

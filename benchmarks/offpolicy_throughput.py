@@ -26,7 +26,7 @@ benchmarks/results/offpolicy_throughput/<timestamp>/<arm>/; numbers come from it
 
 The arm k10_async needs an engine that owns its weights: with --engine hf it uses rollout=hf_copy (a copy of
 the policy refreshed by load_state_dict). The bar we set: k10_async_allcores >= 1.35x the steps/s of k1_allcores
-(goal 2x). --precision bf16-mixed runs every arm under bf16 autocast (AMX matmuls on this CPU).
+(goal 2x). --precision bf16-mixed runs every arm under bf16 autocast (AMX matmuls on CPUs that have them).
 Timings are only meaningful on an otherwise idle machine.
 """
 

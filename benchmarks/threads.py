@@ -1,4 +1,5 @@
-"""torch_threads=1 against torch's default on the tiny model, alternated in one invocation (the README's figures).
+"""torch_threads=1 against torch's default on the tiny model, alternated in one invocation (its figures:
+docs/results/performance.md).
 
     python benchmarks/threads.py                 # 2 repeats of 40 steps per arm
     python benchmarks/threads.py --repeats 3 --steps 80

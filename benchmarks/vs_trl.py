@@ -1,4 +1,4 @@
-"""grpolab vs TRL's GRPOTrainer: seconds per optimizer step at equal work, side by side (docs/performance.md).
+"""grpolab vs TRL's GRPOTrainer: seconds per optimizer step at equal work, side by side (docs/results/performance.md).
 
     # once: TRL in its own venv (never a dependency of grpolab)
     python -m venv .venv-trl

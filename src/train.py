@@ -10,12 +10,12 @@ model is built. Outputs land in the Hydra run folder: metrics.csv, summary.json,
 Ctrl-C or SIGTERM during training saves checkpoints/last.ckpt at the next step boundary, summary.json
 ("interrupted": true) and policy/, logs the command that continues the run, then exits 130 (SIGINT) or 143
 (SIGTERM); a second signal aborts at once. During the start validation: the same, at step 0, without a checkpoint;
-after the last step (end-of-run validation, final eval): a finished run, exit 0 (docs/training.md). A closed
+after the last step (end-of-run validation, final eval): a finished run, exit 0 (docs/guide/training.md). A closed
 stdout/stderr (| tee killed by the same Ctrl-C, | head) cannot stop the save.
 
 A config error (a wrong value or type, a missing file, conflicting settings, a misspelt key) prints one line,
 ``train.py: error: <key>: <what to change>``, and exits with status 2; ``GRPOLAB_TRACEBACK=1`` shows the
-traceback (see docs/training.md, "Errors").
+traceback (see docs/guide/training.md, "Errors").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A checkpoint is never unpickled with code: a crafted ``ckpt_path`` whose pickle calls ``os.system`` is refused by
 preflight (train) and by eval with a one-line error naming the path, and the command never runs; the project's own
-checkpoints still load, resume and evaluate (issue 31, item 1)."""
+checkpoints still load, resume and evaluate."""
 
 import os
 

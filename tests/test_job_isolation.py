@@ -1,5 +1,5 @@
 """Jobs of one Hydra multirun share a process: ``torch_threads`` and ``malloc_mmap_threshold`` (what every job's
-entry sets: grpolab.run.build, src/train.py) must not carry over from one job to the next (issue 31, item 9b)."""
+entry sets: grpolab.run.build, src/train.py) must not carry over from one job to the next."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """The memory plan's arithmetic: hand-computed byte counts, parameter counts checked against real models built
-locally (PEFT's own count for LoRA), and the calibration against the README's measured 100M table."""
+locally (PEFT's own count for LoRA), and the calibration against the measured 100M table (docs/results/real_shapes.md)."""
 
 import pytest
 import torch
@@ -116,7 +116,7 @@ def test_bad_architecture_names_the_key():
         ModelShape.from_mapping({**SMALL, "num_key_value_heads": 3, "num_attention_heads": 4})
 
 
-# README "Precision and memory": python benchmarks/memory.py, fp32 CPU, peak RSS in MiB of the whole process.
+# docs/results/real_shapes.md, "Peak memory of one GRPO step at 100M parameters": python benchmarks/memory.py, fp32 CPU, peak RSS in MiB of the whole process.
 README_PEAK_MIB = {(None, 0.0, False): 6357, (None, 0.0, True): 5922, (None, 0.04, False): 6738,
                    (None, 0.04, True): 6372, (16, 0.0, False): 6217, (16, 0.0, True): 5550,
                    (16, 0.04, False): 6051, (16, 0.04, True): 5586}

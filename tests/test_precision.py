@@ -1,4 +1,4 @@
-"""trainer.precision=16-mixed is refused (issue 31, item 9a): GRPOModule clips and checks the whole step's gradient
+"""trainer.precision=16-mixed is refused: GRPOModule clips and checks the whole step's gradient
 itself (manual optimization), before Lightning's GradScaler unscales it in ``optimizer.step()``: it would clip the
 scaled gradient, stop at the overflows the scaler skips, and ``algo.skip_zero_grad_steps`` would trip the scaler's
 "No inf checks were recorded" assertion. bf16-mixed (no scaler) is what modern GPUs use."""

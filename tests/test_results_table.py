@@ -1,4 +1,4 @@
-"""sweeps/results_table.py: the README's tables from a results CSV (mean and standard error over seeds)."""
+"""sweeps/results_table.py: the results pages' tables from a results CSV (mean and standard error over seeds)."""
 
 from __future__ import annotations
 

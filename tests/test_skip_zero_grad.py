@@ -1,5 +1,5 @@
 """algo.skip_zero_grad_steps: a step whose gradient is exactly zero (every loss token masked) leaves the weights
-alone; without it AdamW's momentum keeps moving them (the multistep collapse in docs/stale_samples.md)."""
+alone; without it AdamW's momentum keeps moving them (the multistep collapse in docs/results/stale_samples.md)."""
 
 import pandas as pd
 import torch

@@ -1,4 +1,4 @@
-"""The stale-samples rerun's two stages (issue 29; pre-registered in docs/stale_samples.md) compose as written:
+"""The stale-samples rerun's two stages (pre-registered in docs/results/stale_samples.md) compose as written:
 stage 1 (sweeps/stale_tune.yaml) tunes lr on the validation split only, on its own warm start and seeds; stage 2
 (sweeps/stale_headline.yaml) scores the test split at 3 warm starts x 5 seeds, each arm at its own tuned lr. The
 configs are composed and checked, not run."""

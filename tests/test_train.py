@@ -126,7 +126,7 @@ def test_misspelt_key_is_rejected(tmp_path):
 
 
 def test_a_run_without_learning_signal_says_so(tmp_path, caplog):
-    # docs/pitfalls.md #15: the random tiny model never answers correctly, so every group has zero variance.
+    # docs/guide/pitfalls.md #15: the random tiny model never answers correctly, so every group has zero variance.
     with caplog.at_level("WARNING", logger="grpolab.module"):
         _run(tmp_path, "trainer.max_steps=21", "val.at_start=false", "trainer.val_check_interval=100")
     assert any("zero reward variance for 20 steps" in r.getMessage() for r in caplog.records)

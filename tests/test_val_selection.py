@@ -1,4 +1,4 @@
-"""Selection apart from evaluation (issue 29 item 2): a run can score its final policy on a large val split
+"""Selection apart from evaluation (tune on val, report on test): a run can score its final policy on a large val split
 (``final_eval.split=val`` -> ``val_mean_at_<n>`` in summary.json, what the tuning sweep selects on) while its
 periodic validation stays on the first ``val.max_prompts`` val prompts; the val and test prompts are disjoint."""
 

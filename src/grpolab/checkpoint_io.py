@@ -4,7 +4,7 @@ Lightning 2.6's ``TorchCheckpointIO`` (``lightning.fabric.utilities.cloud_io._at
 checkpoint into an ``io.BytesIO`` first and then writes the buffer, so a save holds the whole checkpoint twice:
 the live tensors and their serialised bytes. For full fine-tuning with AdamW in float32 that is 12 bytes per
 parameter on top of the run (a 0.5B model: +5.5 GiB at every ``last.ckpt``), and it was the peak of the
-real-shape runs (docs/scale-out.md, "Real shapes"). Lightning fixed it upstream after 2.6.6
+real-shape runs (docs/results/real_shapes.md). Lightning fixed it upstream after 2.6.6
 (Lightning-AI/pytorch-lightning#21823, PR #21824: stream local saves); until a release has it,
 :class:`FileCheckpointIO` does the same for local paths and defers to Lightning for any other filesystem.
 """

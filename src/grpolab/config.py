@@ -87,7 +87,7 @@ class GRPOConfig(LossConfig):
         need(self.num_iterations >= 1, "num_iterations", "must be >= 1")
         need(self.temperature > 0, "temperature", "must be > 0")
         # The trainer's log-probs use the temperature transform only, so the sampler must not truncate the
-        # distribution, or the first on-policy ratio would not be 1 (docs/pitfalls.md #13).
+        # distribution, or the first on-policy ratio would not be 1 (docs/guide/pitfalls.md #13).
         need(self.top_p == 1.0, "top_p", "must be 1.0 for training (truncated sampling biases the ratio)")
         need(self.top_k in (0, None), "top_k", "must be 0 (disabled) for training (truncated sampling biases the ratio)")
         need(self.max_completion_length >= 1, "max_completion_length", "must be >= 1")

@@ -31,7 +31,7 @@ class LoraSettings:
         r: adapter rank (int >= 1) or None.
         alpha: ``lora_alpha`` (> 0); the update is scaled by ``alpha / r``.
         dropout: ``lora_dropout`` in [0, 1). Keep 0 for exact on-policy ratios: with dropout the training
-            forward differs from the sampler's (docs/pitfalls.md #8).
+            forward differs from the sampler's (docs/guide/pitfalls.md #8).
         target_modules: module names (last name component, e.g. ``q_proj``) or ``"all-linear"``.
 
     Raises:

@@ -24,8 +24,8 @@ What a process holds (a Qwen2-style decoder: q/k/v with biases, SwiGLU MLP, RMSN
 Synchronous runs hold the training step and generation at different times (the peak takes the larger);
 ``rollout.async_generation`` overlaps them (the peak takes both).
 
-Activation constants were measured on this project's CPU (peak RSS of a forward + backward through
-``grpolab.forward.logprob_pass.completion_log_probs``, sdpa attention, random Qwen2 models): the logits of the
+Activation constants were measured as the peak RSS of a forward + backward through
+``grpolab.forward.logprob_pass.completion_log_probs`` (sdpa attention, random Qwen2 models, CPU): the logits of the
 completion positions cost 12 bytes per element in float32 (the logits, the gradient built by the per-row
 log-softmax and the sliced logits' gradient) and 11 under bfloat16 autocast; a decoder layer keeps
 ``12 h + 4 i + 2 kv_dim`` elements per token (within 7% of the measurement for h = 256..512,
@@ -33,9 +33,9 @@ i = 512..1408), 3 bytes each on average under 16-bit compute (RMSNorm works in f
 one layer's backward adds ``10 h`` per token; LoRA adds 1.5 elements per output feature of each adapted
 projection (measured 1.44 with all seven adapted; fewer adapted projections measured less). With gradient
 checkpointing a layer keeps only its input and two layers are live at a time (recompute plus its gradients).
-Checked against the eight rows of ``benchmarks/memory.py``'s 100M-parameter table in the README (the plan is
+Checked against the eight rows of ``benchmarks/memory.py``'s 100M-parameter table in docs/results/real_shapes.md (the plan is
 -3% to +8% of each measured peak RSS, with 115 prompt tokens: the mean longest of two GSM8K prompts) and
-against a tiny training run's peak RSS in ``tests/core/test_memory_plan.py``.
+against a tiny training run's peak RSS in ``tests/test_memory_plan.py``.
 
 Checkpoint saves add nothing: :class:`grpolab.checkpoint_io.FileCheckpointIO` (``trainer.plugins``) streams
 them to disk (Lightning's own ``TorchCheckpointIO`` would hold a second copy of the weights and optimizer state,

@@ -56,7 +56,7 @@ def stop_token_ids(tokenizer: Any, model: Any | None = None) -> list[int]:
     generation config (Qwen's instruct models stop on both ``<|im_end|>`` and ``<|endoftext|>``).
 
     Returns:
-        Sorted list of distinct token ids (docs/pitfalls.md #6).
+        Sorted list of distinct token ids (docs/guide/pitfalls.md #6).
 
     Raises:
         ValueError: if neither the tokenizer nor the generation config names a stop token.
@@ -88,7 +88,7 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     """Switch every dropout of ``model`` off, in place (TRL's ``disable_dropout_in_model``, extended).
 
     The sampler's and the reference's log-probs are computed in eval mode and the training forward in train
-    mode; with dropout on, the two differ and the lag-0 ratio is not 1 (docs/pitfalls.md #8). This sets ``p = 0`` on
+    mode; with dropout on, the two differ and the lag-0 ratio is not 1 (docs/guide/pitfalls.md #8). This sets ``p = 0`` on
     every ``nn.Dropout``-like module, 0.0 on every float attribute of a module whose name contains
     ``dropout`` (attention implementations read e.g. ``self.attention_dropout`` as a float), and 0.0 on the
     float fields of ``model.config`` named ``*dropout*`` or ``*pdrop`` (GPT-2), so a save/reload keeps it off.

@@ -48,7 +48,7 @@ from grpolab.rollout.buffer import Minibatch
 log = logging.getLogger(__name__)
 
 # Consecutive steps in which every group has zero reward variance before the run warns that it is not
-# learning (a collapsed policy never recovers on its own: docs/pitfalls.md #15).
+# learning (a collapsed policy never recovers on its own: docs/guide/pitfalls.md #15).
 ZERO_VARIANCE_PATIENCE = 20
 
 
@@ -294,7 +294,7 @@ class GRPOModule(L.LightningModule):
         merged = merge_loss_stats(stats)
         m.update(loss_stats_to_metrics(merged))
         m.update(self._mismatch)
-        # Paper diagnostics (docs/objective.md#diagnostics): policy vs sampler, c(x), surrogate at pi = pi_k; Theorem 1 at pi_{k+1}.
+        # Paper diagnostics (docs/guide/objective.md#diagnostics): policy vs sampler, c(x), surrogate at pi = pi_k; Theorem 1 at pi_{k+1}.
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
         div = policy_sampler_divergence(logp, sampler, mask)
         m.update({k: float(v) for k, v in div.items() if k != "num_sequences"})

@@ -4,7 +4,7 @@ On-policy GRPO (``k = i = 1``) samples from ``pi_t`` and its ratio ``pi / alpha`
 the PPO window never binds. With ``algo.ratio_reference=previous`` the ratio is ``pi_theta / pi_{t-1}``, the
 policy before the last optimizer step, clipped to ``[1 - eps, 1 + eps_high]``: the trust region that one step of
 staleness gives ``algo=grpo_async`` (lag 1, window on ``pi / pi_{t-1}`` there too), without the staleness. It
-separates "the window helps" from "asynchrony helps" (docs/stale_samples.md).
+separates "the window helps" from "asynchrony helps" (docs/results/stale_samples.md).
 
 :class:`PreviousPolicy` keeps a copy of the policy's TRAINABLE parameters as they were before the last
 optimizer step (LoRA: the adapters only; full fine-tuning: every weight, in their dtype) and computes

@@ -4,7 +4,7 @@ than the machine has cores.
 ``conf/hydra/launcher/joblib.yaml`` runs ``hydra.launcher.n_jobs`` jobs at once (-1: one per core), each in its own
 process with ``torch_threads`` torch threads. N jobs x T threads beyond the cores oversubscribes the CPU: every
 parallel region waits for a descheduled thread, and the grid runs slower than with fewer jobs (see
-``grpolab/callbacks/threads.py`` for the measured cost). Choose N = cores // T; the embedded tiny models run on one
+docs/results/performance.md for the measured cost). Choose N = cores // T; the embedded tiny models run on one
 thread (``torch_threads=auto``), so N = cores.
 """
 

@@ -1,4 +1,4 @@
-"""Advantages: docs/pitfalls.md #1, #2, #11 and the std/epsilon conventions."""
+"""Advantages: docs/guide/pitfalls.md #1, #2, #11 and the std/epsilon conventions."""
 
 import doctest
 import math

@@ -1,4 +1,4 @@
-"""Diagnostics of docs/objective.md#theorem-1"""
+"""Diagnostics of docs/guide/objective.md#theorem-1"""
 
 import doctest
 import math

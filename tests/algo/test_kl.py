@@ -1,4 +1,4 @@
-"""KL estimators and masked mean (docs/pitfalls.md #10)."""
+"""KL estimators and masked mean (docs/guide/pitfalls.md #10)."""
 
 import doctest
 import math

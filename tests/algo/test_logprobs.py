@@ -1,4 +1,4 @@
-"""Log-probs with temperature (docs/pitfalls.md #8, #13) and chunked entropy."""
+"""Log-probs with temperature (docs/guide/pitfalls.md #8, #13) and chunked entropy."""
 
 import doctest
 import math

@@ -140,7 +140,7 @@ def test_ratio_reference_anchor_takes_the_ratio_against_pi_k():
     loss, grad, _ = _loss(logp, sampler, anchor, adv, mask, LossConfig(ratio_reference="sampler"))
     assert loss.item() == pytest.approx((-1.2 + 0.8) / 2, abs=1e-6)
     assert torch.equal(grad, torch.zeros(2, 1))
-    # At first use (anchor = current policy) every anchor ratio is 1: TRL with a stale sampler (docs/objective.md#ratio-reference).
+    # At first use (anchor = current policy) every anchor ratio is 1: TRL with a stale sampler (docs/guide/objective.md#ratio-reference).
     loss, grad, st = _loss(logp, sampler, logp, adv, mask, LossConfig(ratio_reference="anchor"))
     assert st["ratio_min"].item() == st["ratio_max"].item() == 1.0
     torch.testing.assert_close(grad, torch.tensor([[-0.5], [0.5]]))

@@ -1,5 +1,5 @@
 """The GRPO loss: aggregation, masks and denominators, frozen old log-probs and REINFORCE parity
-(docs/pitfalls.md #1, #3, #4, #9)."""
+(docs/guide/pitfalls.md #1, #3, #4, #9)."""
 
 import doctest
 import math
@@ -51,7 +51,7 @@ def test_pitfall3_token_mean_vs_sequence_mean():
     [
         # ours: A = 0.5/sqrt(0.5+1e-4) = 0.707036 -> bnpo (A*3 - A)/4 = A/2 = 0.353518, dr_grpo A/4 = 0.176759
         (False, 0.353518, 0.176759),
-        # TRL: A = 0.5/(0.707107+1e-4) = 0.707006 -> 0.35350 and 0.17675 (docs/pitfalls.md #3)
+        # TRL: A = 0.5/(0.707107+1e-4) = 0.707006 -> 0.35350 and 0.17675 (docs/guide/pitfalls.md #3)
         (True, 0.35350, 0.17675),
     ],
 )

@@ -1,4 +1,4 @@
-"""Completion masks from the first stop token (docs/pitfalls.md #5, #6, #7)."""
+"""Completion masks from the first stop token (docs/guide/pitfalls.md #5, #6, #7)."""
 
 import doctest
 

@@ -38,7 +38,7 @@ def test_greedy_matches_generate_with_left_padding_and_early_stops(tiny_spec):
 
 
 def test_engine_samples_match_the_training_distribution(tiny_spec):
-    # docs/pitfalls.md #8 for the loop: the tokens it samples are scored by the trainer's forward; the loop's own
+    # docs/guide/pitfalls.md #8 for the loop: the tokens it samples are scored by the trainer's forward; the loop's own
     # tempered log-probs (recomputed step by step here) must equal the training log-probs.
     tok = tiny_spec.load_tokenizer()
     model = tiny_spec.load_policy().eval()

@@ -9,7 +9,7 @@ from grpolab.rollout.engines.hf import HFGenerationEngine, _merge
 
 
 def test_merge_keeps_truncation_when_pad_is_a_stop_id():
-    # docs/pitfalls.md #5: pad == eos == 1. Chunk A ran out of tokens ([5, 7], no stop); chunk B is wider.
+    # docs/guide/pitfalls.md #5: pad == eos == 1. Chunk A ran out of tokens ([5, 7], no stop); chunk B is wider.
     # Widening chunk A with pad=1 must not turn it into a stopped completion.
     a = (torch.tensor([[3, 4]]), torch.tensor([[1, 1]]), torch.tensor([[5, 7]]))
     b = (torch.tensor([[3]]), torch.tensor([[1]]), torch.tensor([[5, 1, 1, 1]]))
@@ -25,7 +25,7 @@ def test_left_pad():
 
 
 def test_sampling_ignores_model_generation_config(tiny_spec):
-    # docs/pitfalls.md #13: a model generation_config with top_k=1 would make every sample identical.
+    # docs/guide/pitfalls.md #13: a model generation_config with top_k=1 would make every sample identical.
     tok = tiny_spec.load_tokenizer()
     model = tiny_spec.load_policy()
     model.generation_config.top_k = 1
@@ -39,7 +39,7 @@ def test_sampling_ignores_model_generation_config(tiny_spec):
 
 
 def test_training_log_probs_match_the_sampling_distribution(tiny_spec):
-    # docs/pitfalls.md #8: the sampler and the trainer use the same temperature transform and layout, so the
+    # docs/guide/pitfalls.md #8: the sampler and the trainer use the same temperature transform and layout, so the
     # first on-policy ratio is 1 for every token (here within 1e-5 across left padding of varied prompts).
     tok = tiny_spec.load_tokenizer()
     model = tiny_spec.load_policy().eval()

@@ -152,7 +152,7 @@ def test_the_setting_reaches_the_engine(tmp_path, rollout):
     from grpolab.rollout.settings import resolve_rollout
 
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, f"rollout={rollout}"])
-    assert cfg.rollout.cache_implementation == "dynamic"  # the default: not faster on this CPU (docs/scale-out.md)
+    assert cfg.rollout.cache_implementation == "dynamic"  # the default: not faster on this CPU (docs/guide/scale-out.md)
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, f"rollout={rollout}",
                                        "rollout.cache_implementation=preallocated"])
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))

@@ -1,8 +1,8 @@
-"""Group-relative advantages (docs/objective.md#advantages).
+"""Group-relative advantages (docs/guide/objective.md#advantages).
 
 Groups are keyed by the *value* of ``group_ids`` (the prompt uid), never by row position, so rows may
-come in any order (docs/pitfalls.md #2). A NaN reward means "unscorable / excluded": the row gets advantage 0
-and does not enter its group's mean or std (docs/pitfalls.md #11).
+come in any order (docs/guide/pitfalls.md #2). A NaN reward means "unscorable / excluded": the row gets advantage 0
+and does not enter its group's mean or std (docs/guide/pitfalls.md #11).
 
 Zero variance: a group is "zero-std" when it has fewer than 2 valid rewards, or all of them are exactly equal
 (``zero_std_threshold = 0``, the default), or its std is at most ``zero_std_threshold`` (``algo.zero_std_threshold``,
@@ -111,7 +111,7 @@ def compute_advantages(
 
     Returns:
         :class:`AdvantageResult`; advantages are in ``promote(rewards.dtype, float32)``, exactly 0 and
-        finite for excluded rows and zero-std groups (docs/pitfalls.md #1), whatever ``scale_rewards``.
+        finite for excluded rows and zero-std groups (docs/guide/pitfalls.md #1), whatever ``scale_rewards``.
 
     Raises:
         ValueError: on shape/dtype mismatch, unknown ``scale_rewards``, negative ``epsilon`` or
@@ -153,7 +153,7 @@ def compute_advantages(
 
 
 def group_reward_summary(rewards: Tensor, group_ids: Tensor, zero_std_threshold: float = 0.0) -> dict[str, Tensor]:
-    """Per-GROUP statistics for logging the masked fraction (docs/objective.md#diagnostics).
+    """Per-GROUP statistics for logging the masked fraction (docs/guide/objective.md#diagnostics).
 
     Args:
         rewards: ``[N]`` float, NaN = excluded.
@@ -199,7 +199,7 @@ def rows_in_loss(
 
     A row leaves the loss (and so its group's mean and std, and the batch std of ``scale_rewards="batch"``)
     when its reward is NaN (unscorable) or, with ``mask_truncated_completions``, when it never stopped
-    (docs/pitfalls.md #11). With ``mask_zero_std_groups`` the zero-std groups of the remaining rows
+    (docs/guide/pitfalls.md #11). With ``mask_zero_std_groups`` the zero-std groups of the remaining rows
     also leave the loss (the paper's ``1{sigma != 0}``); they stay in nothing else (their advantages are 0).
 
     Args:

@@ -1,4 +1,4 @@
-"""Diagnostics from the paper's theory (docs/objective.md#theorem-1): the weight c(x), policy/sampler
+"""Diagnostics from the paper's theory (docs/guide/objective.md#theorem-1): the weight c(x), policy/sampler
 divergence estimates, the importance-sampled surrogate and the Theorem 1 lower bound.
 
 All functions are detached (no gradient) and return 0 rather than NaN when a mask selects nothing.
@@ -11,7 +11,7 @@ from torch import Tensor
 
 
 def c_weight(std: Tensor, epsilon: float) -> Tensor:
-    """Theorem 1 penalty weight ``c = (1 - sqrt(std**2 + eps)) / sqrt(std**2 + eps)`` (docs/objective.md#theorem-1).
+    """Theorem 1 penalty weight ``c = (1 - sqrt(std**2 + eps)) / sqrt(std**2 + eps)`` (docs/guide/objective.md#theorem-1).
 
     Args:
         std: ``[...]`` float, reward std of the group (for Bernoulli rewards ``sqrt(p * (1 - p))``).
@@ -151,7 +151,7 @@ def theorem1_lower_bound(
     tv_pi_alpha: Tensor | float,
     tv_pik_alpha: Tensor | float,
 ) -> Tensor:
-    """Theorem 1 bound ``LB = L - 2 * c * TV(pi, alpha) - 2 * TV(pi_k, alpha)`` (docs/objective.md#theorem-1).
+    """Theorem 1 bound ``LB = L - 2 * c * TV(pi, alpha) - 2 * TV(pi_k, alpha)`` (docs/guide/objective.md#theorem-1).
 
     The theorem holds per prompt; the arguments broadcast elementwise, so per-group tensors can be passed
     and averaged afterwards (``mean(c * TV)`` is not ``mean(c) * mean(TV)``).
@@ -177,7 +177,7 @@ def theorem1_group_bound(
     c: Tensor,
     mask: Tensor,
 ) -> dict[str, Tensor]:
-    """Theorem 1 per prompt, then averaged over prompts (docs/objective.md#theorem-1).
+    """Theorem 1 per prompt, then averaged over prompts (docs/guide/objective.md#theorem-1).
 
     For each group ``x`` (the sequences of one prompt that are in the loss):
     ``LB_x = L_x - 2 * c_x * TV_x(pi, alpha) - 2 * TV_x(pi_k, alpha)`` with ``L_x = mean_i exp(Delta_i) * A_i``,

@@ -1,4 +1,4 @@
-"""Per-token KL estimators to the reference policy, and a masked mean (docs/pitfalls.md #10).
+"""Per-token KL estimators to the reference policy, and a masked mean (docs/guide/pitfalls.md #10).
 
 As VALUES, k1, k2 and k3 all estimate ``KL(pi || ref)`` from samples of ``pi`` (k1 unbiased, k3 unbiased and
 non-negative, k2 biased). As LOSS TERMS (differentiated through ``logp`` with the samples fixed, as in TRL

@@ -1,7 +1,7 @@
 """Token log-probabilities and entropies from logits (TRL's memory-saving helpers).
 
 The sampler and the trainer must apply the same transform (``logits / temperature``) so that the first
-on-policy step has ratio exactly 1 (docs/pitfalls.md #8, #13).
+on-policy step has ratio exactly 1 (docs/guide/pitfalls.md #8, #13).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _check_temperature(temperature: float) -> None:
 
 
 def token_log_probs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
-    """Log-probabilities of ``token_ids`` under ``softmax(logits / temperature)`` (docs/pitfalls.md #8).
+    """Log-probabilities of ``token_ids`` under ``softmax(logits / temperature)`` (docs/guide/pitfalls.md #8).
 
     Args:
         logits: ``[B, T, V]`` (or ``[..., V]``) float, already aligned so that ``logits[..., t, :]``

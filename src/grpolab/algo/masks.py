@@ -1,4 +1,4 @@
-"""Completion masks derived from the FIRST stop token (docs/pitfalls.md #5, #6, #7).
+"""Completion masks derived from the FIRST stop token (docs/guide/pitfalls.md #5, #6, #7).
 
 Masks are never derived from pad values: with ``pad == eos`` the stop token itself is trained and only
 what follows it is masked; every stop id of the generation config counts; a completion with no stop

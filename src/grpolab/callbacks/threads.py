@@ -2,14 +2,13 @@
 
 On a small CPU shared with other processes, torch's default (one intra-op thread per core) oversubscribes the
 cores: every parallel region waits for a descheduled thread, and the tiny model runs many times slower than
-with one thread. Measured on this project's 2-core machine under a load average of 7-10 (other jobs running),
-default tiny architecture, 40 steps without warm start: 0.70 steps/s with torch's default (2 threads) against
-9.05 steps/s with one thread (docs/training.md). The embedded models are too small for
+with one thread (on a busy 2-core machine 0.70 against 9.05 steps/s: docs/results/performance.md, "Torch threads
+on a shared CPU"). The embedded models are too small for
 intra-op parallelism to pay, so ``torch_threads: auto`` gives them one thread; other models keep torch's
 default.
 
 Thread count and results: the tiny model's logits, losses and gradients were bitwise equal with 1 and 2
-threads in our check (tests/callbacks/test_threads.py), but torch does not promise it for every kernel and
+threads in tests/callbacks/test_threads.py, but torch does not promise it for every kernel and
 shape (a parallel reduction may sum in another order), so treat ``torch_threads`` as part of the configuration
 when comparing runs bitwise. A given configuration is deterministic whatever the load.
 """

@@ -1,7 +1,7 @@
 """The one forward pass that turns (prompt, completion) token ids into per-token log-probs.
 
 The sampler's log-probs, the reference log-probs and the training log-probs all come from this function,
-so they use the same sequence layout, position ids and temperature transform as ``generate`` (docs/pitfalls.md
+so they use the same sequence layout, position ids and temperature transform as ``generate`` (docs/guide/pitfalls.md
 #8): the first on-policy ratio is then exactly 1.
 """
 
@@ -86,7 +86,7 @@ def batched_log_probs(model: Any, batch: dict[str, torch.Tensor], temperature: f
     """:func:`completion_log_probs` without grad, in micro-batches; returns [B, L] float32 on CPU.
 
     Uses the training step's micro-batches (same rows, so the same buckets and shapes): at equal weights it
-    returns bitwise the training pass's log-probs (the first on-policy ratio is exactly 1, docs/pitfalls.md #8).
+    returns bitwise the training pass's log-probs (the first on-policy ratio is exactly 1, docs/guide/pitfalls.md #8).
     """
     n = batch["completion_ids"].shape[0]
     was_training = model.training

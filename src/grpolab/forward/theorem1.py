@@ -1,4 +1,4 @@
-"""The Theorem 1 lower bound after the optimizer step (docs/objective.md#theorem-1).
+"""The Theorem 1 lower bound after the optimizer step (docs/guide/objective.md#theorem-1).
 
 Evaluated at ``pi = pi_k`` (the start of a step) the bound is about a gain of 0 and carries no information,
 so it is evaluated at ``pi_{k+1}``: one no-grad forward of the step's minibatch under the updated policy.

@@ -2,8 +2,8 @@
 
 Why a thread and not a process: the sampler's weights, the verifiers and the producer are shared without
 pickling, a weight push is a ``load_state_dict`` in memory, and torch releases the GIL inside its kernels, so
-generation and the training step run on separate cores (``benchmarks/async_overlap.py``: a subprocess gains
-3% over a thread here). With torch's OpenMP backend the intra-op thread count is per Python thread (OpenMP's
+generation and the training step run on separate cores (``benchmarks/async_overlap.py`` measures a subprocess
+against a thread: it gained 3%, docs/results/sampler_engines.md). With torch's OpenMP backend the intra-op thread count is per Python thread (OpenMP's
 per-thread setting): the job sets its own count when it starts, and the trainer's thread may change its own
 afterwards without touching the job's (the data module gives the trainer every core after ``rollout.overlap_steps``
 steps of each buffer).

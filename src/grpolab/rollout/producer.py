@@ -164,7 +164,7 @@ class RolloutProducer:
             sl = slice(j * n_per, (j + 1) * n_per)
             rewards = s["rewards"][sl]
             # Unscorable rows, and truncated ones under mask_truncated_completions, leave the loss AND their
-            # group's baseline (docs/pitfalls.md #11); the zero-variance mask is the paper's 1{sigma != 0}.
+            # group's baseline (docs/guide/pitfalls.md #11); the zero-variance mask is the paper's 1{sigma != 0}.
             adv, keep = rows_in_loss(rewards, group_ids[sl], gen.completion_mask[sl], gen.truncated[sl],
                                      scale_rewards=c.scale_rewards, epsilon=c.advantage_epsilon,
                                      zero_std_threshold=c.zero_std_threshold,
@@ -187,7 +187,7 @@ class RolloutProducer:
             elif self.needs_sampler_logp or (c.vllm_importance_sampling_correction and mb.engine_logp is not None):
                 # log alpha from the trainer's forward: needed whenever the policy can differ from the sampler,
                 # and by the engine/trainer importance-sampling correction. Every row, in the training pass's
-                # micro-batches: same shapes, so at lag 0 the ratio is exactly 1 (docs/pitfalls.md #8)
+                # micro-batches: same shapes, so at lag 0 the ratio is exactly 1 (docs/guide/pitfalls.md #8)
                 mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size,
                                                     c.shared_prompt_forward)
             minibatches.append(mb)

@@ -4,7 +4,7 @@ A task turns a data source into rows and rows into prompt text. A row is a plain
 least ``uid`` (str, unique within the task; it keys the GRPO group), ``prompt`` (the raw problem
 text, before any instruction or chat template) and ``answer`` (the gold answer as text). Any other
 column travels with the row and is passed to the verifiers as a keyword list, so gold answers stay
-aligned with their completions through every repeat, shuffle and split (docs/pitfalls.md #2).
+aligned with their completions through every repeat, shuffle and split (docs/guide/pitfalls.md #2).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ What this adds to ``math_verify.parse`` / ``math_verify.verify``, and why:
   where ``-2,1`` reads as the decimal -2.1 and ``\\frac34`` is not found at all; ``\\boxed{<gold>}`` is
   parsed as LaTeX (``{-2, 1}``, ``3/4``). A trailing ``\\%`` in the gold is dropped (MATH's ``28\\%`` is
   answered ``28``). A gold that still does not parse makes the row **unscorable** (``None``), never
-  correct (docs/pitfalls.md #12).
+  correct (docs/guide/pitfalls.md #12).
 - **Only the final-answer region counts**: text after the last ``</think>``, inside ``<answer>`` tags
   when present (:func:`grpolab.verifiers.extract.final_answer_region`). A box inside the reasoning is
   not the answer.

@@ -3,9 +3,9 @@
 A reward function is any callable with TRL's signature,
 ``func(completions: list[str], **columns) -> list[float | None]``, where the gold answer is the ``answer``
 column. ``None`` means *unscorable* (e.g. a gold answer the verifier cannot parse); it is never treated
-as correct (docs/pitfalls.md #12): a row with ``None`` from any function of nonzero weight gets reward
+as correct (docs/guide/pitfalls.md #12): a row with ``None`` from any function of nonzero weight gets reward
 ``None`` and is counted, so the caller can leave it out of accuracy and of its group's baseline
-(docs/pitfalls.md #11).
+(docs/guide/pitfalls.md #11).
 
 Example (plain Python, no Hydra):
 
@@ -97,7 +97,7 @@ class Verifier:
             hang inside a single C call); >= 1 scores in that many worker processes, where any hang is
             cut by killing the worker. See :mod:`grpolab.verifiers.timeout` for the costs.
         on_truncated: what a completion that hit the length limit without a stop token gets, when the
-            ``truncated`` column is passed (docs/pitfalls.md #14): ``"score"`` (judged by its text like any
+            ``truncated`` column is passed (docs/guide/pitfalls.md #14): ``"score"`` (judged by its text like any
             other), ``"zero"`` (reward 0.0: an unfinished answer is no answer) or ``"unscorable"``
             (reward ``None``, left out like an unparseable gold).
 

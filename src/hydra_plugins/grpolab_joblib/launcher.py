@@ -3,7 +3,7 @@
 Ctrl-C (and SLURM's SIGTERM) reaches every process of the group: each job, in its loky worker, stops at its next
 step boundary and saves ``last.ckpt`` and an interrupted ``summary.json`` (``grpolab/callbacks/interrupt.py``).
 The launcher process, left alone, raises ``KeyboardInterrupt`` in joblib, which then kills the workers, often
-before they have saved (seen here: exit -2 and no checkpoint). :class:`JoblibLauncher` therefore records the first
+before they have saved (the sweep then ends with exit -2 and no checkpoint). :class:`JoblibLauncher` therefore records the first
 SIGINT/SIGTERM in the launcher process and waits for the jobs (the sweep ends with their exit status, 130 or 143);
 a second signal aborts at once, as in a single run. A signal sent to the launcher process alone (``kill <pid>``)
 is not passed on (a job would take it as the second one): send it to the group, ``kill -INT -<pgid>``.

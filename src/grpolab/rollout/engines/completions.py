@@ -34,7 +34,7 @@ def to_generation(prompts: list[list[int]], completions: list[list[int]], logps:
             ids[i, :len(comp)] = torch.tensor(comp, dtype=torch.long)
             if logps is not None:
                 logp[i, :len(comp)] = torch.tensor(logps[i][:len(comp)], dtype=torch.float32)
-    # Mask per row on the unpadded tokens: the pad id may itself be a stop id (docs/pitfalls.md #5).
+    # Mask per row on the unpadded tokens: the pad id may itself be a stop id (docs/guide/pitfalls.md #5).
     mask = torch.zeros((n, width), dtype=torch.bool)
     truncated = torch.zeros(n, dtype=torch.bool)
     for i, comp in enumerate(completions):

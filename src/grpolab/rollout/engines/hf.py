@@ -28,7 +28,7 @@ class HFGenerationEngine(GenerationEngine):
     model's own ``generation_config`` is replaced by a blank one (:func:`model_generation_defaults_cleared`):
     ``generate`` fills every setting left unset from the model's ``generation_config.json`` (Qwen2.5-Instruct
     ships ``repetition_penalty=1.1``), which would sample from a distribution other than the one whose
-    log-probs the trainer stores. Only transformers' neutral global defaults remain (docs/pitfalls.md #13).
+    log-probs the trainer stores. Only transformers' neutral global defaults remain (docs/guide/pitfalls.md #13).
 
     Args:
         stop_token_ids: every id that ends a completion.
@@ -38,7 +38,7 @@ class HFGenerationEngine(GenerationEngine):
             computing a row once it has stopped (same distribution; used when top_k=0 and top_p=1 or greedy,
             and the model supports it), instead of ``model.generate``.
         recompute_sampler_logp: True (default here): log alpha comes from a trainer forward in the training
-            pass's micro-batch shapes, so the lag-0 ratio is exactly 1 (docs/pitfalls.md #8). False: the log-probs
+            pass's micro-batch shapes, so the lag-0 ratio is exactly 1 (docs/guide/pitfalls.md #8). False: the log-probs
             of the sampled tokens recorded while sampling are log alpha (no extra forward over the buffer;
             equal to the forward's within float round-off, ~1e-6 in float32, more under bf16 autocast).
         cache_implementation: the decode loop's KV cache (``drop_finished_rows``; ``generate`` keeps its own):
@@ -201,7 +201,7 @@ class _GeneratorSampler(LogitsProcessor):
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]], pad_id: int,
            stop_ids: list[int]) -> Generation:
     """Concatenate generate() chunks. Masks and truncation flags are computed per chunk, before any width
-    padding, because the pad id may itself be a stop id (Qwen pads with <|endoftext|>; docs/pitfalls.md #5)."""
+    padding, because the pad id may itself be a stop id (Qwen pads with <|endoftext|>; docs/guide/pitfalls.md #5)."""
     parts = [p if len(p) == 4 else (*p, None) for p in parts]
     p_width = max(p[0].shape[1] for p in parts)
     c_width = max(max(p[2].shape[1] for p in parts), 1)

@@ -139,7 +139,7 @@ def first_moved_row(indices: torch.Tensor, rows: int, max_rows: int) -> int:
 
 def move_rows(buffer: torch.Tensor, indices: torch.Tensor, first: int, length: int) -> None:
     """In place: ``buffer[i, :, :length] = old buffer[indices[i], :, :length]`` for ``i >= first`` (rows before
-    ``first`` are not touched). The moved rows are gathered with ``index_select`` (several times faster here
+    ``first`` are not touched). The moved rows are gathered with ``index_select`` (several times faster on CPU
     than advanced indexing, ``buffer[indices]``, which ``DynamicLayer`` uses), then written back.
 
     Args:

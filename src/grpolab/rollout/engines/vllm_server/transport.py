@@ -11,7 +11,7 @@ Two transports, both driven over the server's HTTP control endpoints and both en
 * :class:`NcclPush` (GPU): vLLM's weight-transfer API (``--weight-transfer-config '{"backend": "nccl"}'`` on the
   server; ``NCCLTrainerWeightTransferEngine`` with the ``HTTPVLLMWeightSyncClient`` on the trainer), which
   broadcasts the tensors in packed buckets from trainer rank 0 to the server's workers over NCCL. Written
-  against vLLM 0.32's source; NOT run here (this project's machines have no GPU).
+  against vLLM 0.32's source; no test runs it (the tests run on CPU).
 
 A push is never skipped silently: every failure raises :class:`~grpolab.rollout.engines.vllm_server.process.ServerError`.
 """
@@ -166,7 +166,7 @@ class _StateSource:
 
 
 class NcclPush:
-    """vLLM's NCCL weight transfer from trainer rank 0 (GPU only; NOT run here).
+    """vLLM's NCCL weight transfer from trainer rank 0 (GPU only; not covered by the tests).
 
     Args:
         client: the server's client.
