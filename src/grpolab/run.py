@@ -57,6 +57,7 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
             or type, a missing key, file or folder, settings that conflict); ``src/train.py`` prints it as one line.
     """
     checked = checked or preflight(cfg)
+    silence_expected_lightning_warnings()  # before Lightning's first log line
     algo, engine_args, settings = checked.algo, checked.engine_args, checked.settings
     apply_torch_threads(cfg.get("torch_threads", "auto"), OmegaConf.select(cfg, "model._target_"))
     L.seed_everything(cfg.seed, workers=True)
@@ -181,8 +182,26 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
     if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
         save_policy(module.policy, module.tokenizer, out / "policy", write=trainer.is_global_zero)
     if trainer.is_global_zero:
-        log.info("summary: %s", json.dumps(summary))
+        log.info(closing_line(summary, out, cfg.save_policy))
     return summary
+
+
+def closing_line(summary: dict, out: Path, saved_policy: bool) -> str:
+    """The run's last console line, for a person: steps and time, held-out accuracy start -> end (and the final
+    eval's score), where the policy and ``summary.json`` are. A stopped run says so; the resume command is printed
+    by the stop itself (:mod:`grpolab.callbacks.interrupt`)."""
+    def acc(key: str) -> str:
+        return "n/a" if summary.get(key) is None else f"{summary[key]:.3f}"
+
+    head = (f"stopped by {summary['signal']} after {summary['steps']} steps" if summary.get("interrupted")
+            else f"done: {summary['steps']} steps")
+    parts = [f"{head} in {summary.get('time_total_s', 0):.0f} s",
+             f"held-out accuracy {acc('val_accuracy_start')} -> {acc('val_accuracy_end')}"]
+    parts += [f"{k} {summary[k]:.3f}" for k in summary if k.endswith("_mean_at_16") and summary[k] is not None]
+    if saved_policy:
+        parts.append(f"policy: {out / 'policy'}")
+    parts.append(f"summary: {out / 'summary.json'}")
+    return "; ".join(parts)
 
 
 def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, task: Any, out: Path,

@@ -12,6 +12,7 @@ triggers on purpose (see there); everything else Lightning says still shows.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from typing import Any
@@ -92,6 +93,42 @@ def silence_expected_lightning_warnings() -> None:
       workers would have nothing to do (the filter Lightning's docs give in ``advanced/warnings``).
     - "Experiment logs directory ... exists and is not empty": the CSV logger writes ``metrics.csv``
       straight into the run folder, which already holds Hydra's ``train.log`` and ``.hydra/``.
+    - "no pre-optimization state was saved": the periodic ``ModelCheckpoint`` under manual optimization saves the
+      state AFTER the step's optimizer update, which is the state a resume at step N needs (the checkpoint of
+      step N holds N updates); the warning reads like a checkpoint bug and is not one.
+    - "``isinstance(treespec, LeafSpec)`` is deprecated": Lightning's own call into torch's pytree, nothing a user
+      can change.
+
+    Also leaves one console handler for Lightning's log lines (:func:`one_console_for_lightning`).
     """
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=r".*manual optimization and every_n_train_steps, but no pre-opt.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+    one_console_for_lightning()
+
+
+class _DropTips(logging.Filter):
+    """Drops Lightning's advertising lines ("💡 Tip: ... litlogger")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+def one_console_for_lightning() -> None:
+    """Lightning's log lines printed once, not twice: ``import lightning`` gives the ``lightning`` logger its own
+    console handler ("INFO: ...") and lets its records reach the root logger too, where Hydra's job logging prints
+    them again and writes ``train.log``. When the root logger has handlers (Hydra's), Lightning's own console
+    handlers are removed; its records still reach the console and ``train.log`` through the root. Idempotent."""
+    if not logging.getLogger().handlers:  # hydra/job_logging=disabled: Lightning's handler is the only one
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for h in list(logger.handlers):
+            if type(h) is logging.StreamHandler:
+                logger.removeHandler(h)
+        logger.propagate = True
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)  # the loggers that emit the tips (a logger's filter sees its own records)
+        if not any(isinstance(f, _DropTips) for f in logger.filters):
+            logger.addFilter(_DropTips())
