@@ -103,13 +103,15 @@ def test_ctrl_c_to_the_process_group_saves_a_resumable_checkpoint_and_exits_130(
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_process_saves_a_resumable_checkpoint_and_exits_143(reference, tmp_path):
-    """SIGTERM goes through the same stop-at-the-step-boundary path as Ctrl-C (whose checkpoint the test above
-    resumes bit for bit); here: the process alone gets it, exits 143 and saves the step it reached."""
-    out = tmp_path / "sigterm"
-    rc, output = _interrupt(out, signal.SIGTERM, group=False)
-    assert "SIGTERM received: stopping after the current training step" in output
-    _check_interrupted(out, rc, output, signal.SIGTERM)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_a_hangup_saves_a_resumable_checkpoint_and_exits_128_plus_the_signal(reference, tmp_path, sig):
+    """SIGTERM (SLURM, kill) and SIGHUP (an ssh session that drops) go through the same stop-at-the-step-boundary
+    path as Ctrl-C (whose checkpoint the test above resumes bit for bit); here: the process alone gets it, exits
+    128 + the signal (143, 129) and saves the step it reached."""
+    out = tmp_path / sig.name
+    rc, output = _interrupt(out, sig, group=False)
+    assert f"{sig.name} received: stopping after the current training step" in output
+    _check_interrupted(out, rc, output, sig)
 
 
 def test_resume_past_max_steps_says_so_and_how_to_continue(reference, tmp_path):

@@ -1,5 +1,5 @@
-"""Runs that survive interruption: Ctrl-C (SIGINT) or SIGTERM (what SLURM sends) stops training at the next step
-boundary with a resumable ``last.ckpt``; a second signal aborts at once.
+"""Runs that survive interruption: Ctrl-C (SIGINT), SIGTERM (what SLURM sends) or SIGHUP (a terminal or ssh session
+that closes) stops training at the next step boundary with a resumable ``last.ckpt``; a second signal aborts at once.
 
 ``run_training`` wraps ``trainer.fit`` .. ``summary.json`` / ``policy/`` in a :class:`StopOnSignal` (installed as a
 context manager and as a Lightning callback). The signal handler only records the signal; the callback checks it
@@ -8,7 +8,8 @@ in ``on_train_batch_end`` (every rank at the same step, see below), saves ``chec
 so a resume from it is exact) and raises :class:`TrainingInterrupted`, which Lightning passes through its
 ``on_exception`` hooks and teardown. ``run_training`` catches it, writes ``summary.json`` (``"interrupted": true``,
 ``"signal"``, ``"steps"``) and ``policy/``, and ``src/train.py`` exits with 128 + the signal number (130 for
-SIGINT, 143 for SIGTERM).
+SIGINT, 143 for SIGTERM, 129 for SIGHUP). Once the terminal is gone, nothing written to the console can stop
+the save (:mod:`grpolab.console`).
 
 Several processes (DDP/FSDP): each rank's flag is max-reduced over the ranks at every step boundary, so when only
 rank 0 gets the signal (``kill <pid>``) every rank still stops at the same step, saves its part of the checkpoint
@@ -51,7 +52,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 log = logging.getLogger(__name__)
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C; kill and SLURM; a terminal or ssh that drops
 
 
 class TrainingInterrupted(Exception):
