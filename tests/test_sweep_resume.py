@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,6 +159,19 @@ def test_a_rerun_skips_the_finished_job_and_resumes_the_interrupted_one(tmp_path
     assert set(val[1]) <= set(val[0]) and val[1][-1] == val[0][-1] and len(val[1]) >= len(val[0]) - 1
     assert not (job1 / BEFORE_RESUME).exists()
     assert "2 finished" in _status(sweep).splitlines()[-1]
+    # a job killed after its last step, before its outputs (summary.json, policy/): the next rerun finishes it from
+    # last.ckpt (final validation, summary, policy) instead of refusing a resume at trainer.max_steps
+    policy0 = (job0 / "policy" / "model.safetensors").read_bytes()
+    (job0 / "summary.json").unlink()
+    shutil.rmtree(job0 / "policy")
+    again = subprocess.run([sys.executable, *rerun[1:]], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"sweep job {job0.name} trained all {TOTAL} steps but stopped before its summary: finishing from" in (
+        again.stdout + again.stderr)
+    s0 = json.loads((job0 / "summary.json").read_text())
+    assert s0["interrupted"] is False and s0["steps"] == TOTAL
+    assert (job0 / "policy" / "model.safetensors").read_bytes() == policy0
 
 
 def _status(sweep: Path) -> str:

@@ -78,7 +78,8 @@ def preflight(cfg: DictConfig) -> Checked:
                           "or resume_drop_buffer=false")
     if cfg.get("ckpt_path"):
         check_checkpoint(cfg.ckpt_path)
-        check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
+        if not cfg.get("finish_from_checkpoint"):  # set by a multirun rerun for a job stopped after its last step
+            check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
     engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
     cache = engine_args.get("cache_implementation", "dynamic")
     if cache not in CACHE_IMPLEMENTATIONS:  # the HF engines' decode-loop KV cache

@@ -26,7 +26,7 @@ import json
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger("grpolab")
 
@@ -108,7 +108,14 @@ def resume_or_skip(cfg: DictConfig) -> dict | None:
     if not ckpt.exists():
         return None
     step = checkpoint_step(ckpt)
-    log.info("sweep job %s was interrupted at step %s: resuming from %s", out.name, step, ckpt)
+    max_steps = OmegaConf.select(cfg, "trainer.max_steps")
+    if isinstance(max_steps, int) and 0 <= max_steps <= step:  # stopped after its last step, before its outputs
+        log.info("sweep job %s trained all %s steps but stopped before its summary: finishing from %s (final "
+                 "validation, eval, summary.json, policy/)", out.name, step, ckpt)
+        with open_dict(cfg):
+            cfg.finish_from_checkpoint = True  # preflight lets a resume at max_steps through; it trains nothing
+    else:
+        log.info("sweep job %s was interrupted at step %s: resuming from %s", out.name, step, ckpt)
     cfg.ckpt_path = str(ckpt)
     set_aside_metrics(out, step)
     return None
