@@ -116,7 +116,11 @@ def test_unknown_overrides_leave_good_command_lines_alone():
     good = ["-m", "algo=grpo_onpolicy,grpo_offpolicy", "seed=0,1", "+algo.new_key=1", "++seed=3",
             "model.lora.r=4", "hydra.run.dir=x", "trainer=gpu"]
     assert unknown_overrides(conf, "train", good) == []
-    assert unknown_overrides(conf, "train", ["algo=no_such_algo"]) == []  # Hydra's own message lists the options
+    assert unknown_overrides(conf, "train", ["algo=grpo_offpolic"]) == [
+        "algo=grpo_offpolic is not an option of algo; the options: " + ", ".join(
+            sorted(f.stem for f in (conf / "algo").glob("*.yaml"))) + "; did you mean algo=grpo_offpolicy?"]
+    assert unknown_overrides(conf, "train", ["-m", "seed=0", "hydra/launcher=jobllib"])[0].startswith(
+        "hydra/launcher=jobllib is not an option of hydra/launcher; the options: basic, joblib, slurm")
     assert unknown_overrides(conf, "train", ["seed=0,1"]) == []  # Hydra: a sweep needs --multirun
     assert unknown_overrides(conf, "train", ["algoo.epsilon=0.1"]) == [
         "algoo.epsilon is not a key of the config; did you mean algo.epsilon?"]

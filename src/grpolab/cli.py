@@ -141,13 +141,14 @@ def unknown_overrides(config_dir: str | Path, config_name: str, argv: list[str])
     The overrides are composed with Hydra's Compose API as ``hydra.main`` would compose them (a multirun's
     sweeps with their first value). Whenever Hydra refuses an override because its key does not exist, the
     item is set aside and the rest composed again; each set-aside key gets :func:`unknown_key_message`
-    against the config composed without it. Anything else Hydra refuses (a config group option that does
-    not exist, a sweep without ``-m``, ...) is left to Hydra's own message (an empty list).
+    against the config composed without it. A config group option that does not exist gets
+    :func:`missing_option_message`. Anything else Hydra refuses (a sweep without ``-m``, ...) is left to Hydra's own
+    message (an empty list).
     """
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import ConfigCompositionException, MissingConfigException
 
     args, _ = get_args_parser().parse_known_args(argv)
     if (args.help or args.hydra_help or args.info or args.shell_completion or args.config_path or args.config_dir
@@ -164,6 +165,8 @@ def unknown_overrides(config_dir: str | Path, config_name: str, argv: list[str])
                 cfg = compose(config_name=args.config_name or config_name, overrides=[line for _, line in items],
                               return_hydra_config=True)
                 break
+            except MissingConfigException as ex:  # a config group option that does not exist: one line too
+                return [missing_option_message(ex)] if ex.options and ex.missing_cfg_file else []
             except ConfigCompositionException as ex:
                 m = re.match(r"Could not override '([^']+)'", str(ex))
                 at = [i for i, (o, _) in enumerate(items) if m and o.key_or_group == m.group(1)]
@@ -174,6 +177,15 @@ def unknown_overrides(config_dir: str | Path, config_name: str, argv: list[str])
         else:
             return []
     return [unknown_key_message(cfg, key, line) for key, line in found]
+
+
+def missing_option_message(ex: Any) -> str:
+    """One line for Hydra's ``MissingConfigException`` of a group option: ``algo=grpo_offpolic is not an option of
+    algo; the options: ...; did you mean grpo_offpolicy?`` (``ex.missing_cfg_file`` is ``<group>/<option>``)."""
+    group, _, option = str(ex.missing_cfg_file).rpartition("/")
+    close = difflib.get_close_matches(option, ex.options, n=1)
+    hint = f"; did you mean {group}={close[0]}?" if close else ""
+    return f"{group}={option} is not an option of {group}; the options: {', '.join(ex.options)}{hint}"
 
 
 def check_overrides(config_dir: str | Path, config_name: str, prog: str, argv: list[str] | None = None) -> None:
