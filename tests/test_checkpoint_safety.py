@@ -1,12 +1,14 @@
 """A checkpoint is never unpickled with code: a crafted ``ckpt_path`` whose pickle calls ``os.system`` is refused by
-preflight (train) and by eval with a one-line error naming the path, and the command never runs; the project's own
-checkpoints still load, resume and evaluate."""
+preflight (train) and by eval with a one-line error naming the path, on the command line too (exit 2), and the
+command never runs; the project's own checkpoints still load, resume and evaluate."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import FAST_OVERRIDES, compose_train_cfg
+from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import check_resume_steps, load_checkpoint
@@ -66,6 +68,21 @@ def test_eval_refuses_a_checkpoint_that_runs_code(tmp_path, crafted):
         evaluate(compose_train_cfg(tmp_path / "eval", [*EVAL, f"ckpt_path={path}"], config_name="eval"))
     _refused(excinfo, path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("script", ["src/train.py", "src/eval.py"])
+def test_entry_points_refuse_a_checkpoint_that_runs_code_in_one_line(tmp_path, crafted, script):
+    path, marker = crafted
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env.pop("GRPOLAB_TRACEBACK", None)
+    overrides = FAST_OVERRIDES if script == "src/train.py" else [o for o in FAST_OVERRIDES if o.startswith("model.")]
+    cmd = [sys.executable, script, f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'run'}",
+           f"paths.cache_dir={tmp_path / 'cache'}", *overrides]
+    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert not marker.exists(), "the checkpoint's pickle ran a command"
+    assert out.returncode == 2, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "refused to load" in last and str(path) in last
 
 
 def test_own_checkpoints_load_safely_resume_and_evaluate(tmp_path):
