@@ -6,6 +6,8 @@ columns that are timings (a ``time`` path part, ``*time*``, ``*per_s*`` such as 
 
     python benchmarks/metrics_parity.py record /tmp/parity-before     # on the old commit
     python benchmarks/metrics_parity.py check  /tmp/parity-before     # on the new one: exit 1 on any difference
+    python benchmarks/metrics_parity.py check  /tmp/parity-before --new-column train/lower_bound/kl_step  # a column
+                                                                          # added on purpose is not compared
 
 Each run is ``python src/train.py trainer.max_steps=60`` plus one of the overrides in ``RUNS``. Runs go one
 at a time (two busy processes on a 2-core machine slow each other down, though the bits do not depend on it).
@@ -55,13 +57,14 @@ def read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
         return list(reader.fieldnames or []), list(reader)
 
 
-def compare(before: Path, after: Path) -> list[str]:
-    """Differences between two metrics.csv files, timing columns excluded (empty list: identical)."""
+def compare(before: Path, after: Path, new_columns: tuple[str, ...] = ()) -> list[str]:
+    """Differences between two metrics.csv files, timing columns excluded (empty list: identical). ``new_columns``:
+    columns the new commit adds on purpose (a new diagnostic); every other column must be in both."""
     cols_a, rows_a = read(before)
     cols_b, rows_b = read(after)
     problems = []
     keep_a = {c for c in cols_a if not is_timing(c)}
-    keep_b = {c for c in cols_b if not is_timing(c)}
+    keep_b = {c for c in cols_b if not is_timing(c) and c not in new_columns}
     if keep_a != keep_b:
         problems.append(f"columns differ: only before {sorted(keep_a - keep_b)}, only after {sorted(keep_b - keep_a)}")
     if len(rows_a) != len(rows_b):
@@ -87,6 +90,8 @@ def main() -> int:
     parser.add_argument("mode", choices=["record", "check"])
     parser.add_argument("recording", type=Path, help="folder holding <run>/metrics.csv of the old commit")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--new-column", action="append", default=[], metavar="NAME",
+                        help="a column the new commit adds on purpose (check: not compared; repeatable)")
     args = parser.parse_args()
     if args.mode == "record":
         for name in args.runs:
@@ -95,7 +100,7 @@ def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.runs:
-            problems = compare(args.recording / name / "metrics.csv", run(name, Path(tmp)))
+            problems = compare(args.recording / name / "metrics.csv", run(name, Path(tmp)), tuple(args.new_column))
             print(f"{name}: {'identical' if not problems else 'DIFFERENT'}")
             for p in problems:
                 print("   ", p)

@@ -32,6 +32,10 @@ def test_lower_bound_is_taken_after_the_update_every_n_steps(tmp_path):
     assert still["train/lower_bound/c_tv"].dropna().abs().max() == 0.0
     assert moved["train/lower_bound"].dropna().abs().min() > 1e-4
     assert moved["train/lower_bound/c_tv"].dropna().min() > 0
+    # KL(pi_k || pi_{k+1}) between consecutive policies: 0 for a step that moved nothing, > 0 for a real one
+    assert still["train/lower_bound/kl_step"].dropna().abs().max() == 0.0
+    assert moved["train/lower_bound/kl_step"].notna().tolist() == [True, False, True]
+    assert moved["train/lower_bound/kl_step"].dropna().min() > 0
     never = _metrics(tmp_path / "never", "trainer.max_steps=1", "algo.lower_bound_every=0")
     assert "train/lower_bound" not in never.columns
 

@@ -15,7 +15,7 @@ import torch
 from grpolab.algo.diagnostics import c_weight, theorem1_group_bound
 from grpolab.forward.logprob_pass import batched_log_probs
 
-BOUND_KEYS = ("lower_bound", "lower_bound/surrogate", "lower_bound/c_tv", "lower_bound/tv_seq_k")
+BOUND_KEYS = ("lower_bound", "lower_bound/surrogate", "lower_bound/c_tv", "lower_bound/tv_seq_k", "lower_bound/kl_step")
 
 
 def bound_due(step: int, every: int | None) -> bool:
@@ -46,7 +46,11 @@ def post_step_lower_bound(policy: Any, mb: Any, logp_k: torch.Tensor, cfg: Any) 
     Returns:
         ``lower_bound`` (mean over the prompts in the loss of the per-prompt bound), ``lower_bound/surrogate``
         (mean ``L_x`` at ``pi_{k+1}``), ``lower_bound/c_tv`` (mean ``c_x * TV_x(pi_{k+1}, alpha)``) and
-        ``lower_bound/tv_seq_k`` (mean ``TV_x(pi_k, alpha)``), as floats.
+        ``lower_bound/tv_seq_k`` (mean ``TV_x(pi_k, alpha)``), as floats; and ``lower_bound/kl_step``, how far the
+        step moved the policy: ``KL(pi_k || pi_{k+1})`` by the k3 estimator ``mean_t (r - 1 - log r)``,
+        ``r = pi_{k+1}/pi_k`` per loss token (Schulman's estimator, as ``algo.kl_estimator=k3``). The tokens are the
+        sampler's, so it is unbiased when the sampler is ``pi_k`` (on-policy, i = 1) and an estimate under alpha's
+        token distribution otherwise.
     """
     logp_next = batched_log_probs(policy, mb.tensors(), cfg.temperature, cfg.micro_batch_size,
                                   cfg.shared_prompt_forward)
@@ -58,5 +62,8 @@ def post_step_lower_bound(policy: Any, mb: Any, logp_k: torch.Tensor, cfg: Any) 
     delta_k = torch.where(mask, logp_k - sampler, zero).sum(1)
     c = c_weight(mb.info["group_std"].cpu(), cfg.advantage_epsilon)
     out = theorem1_group_bound(delta, delta_k, mb.advantages.cpu(), mb.group_ids.cpu(), c, mask.any(1))
+    log_r = torch.where(mask, logp_next - logp_k, zero)
+    kl_step = float((torch.expm1(log_r) - log_r).sum() / mask.sum().clamp(min=1))
     return {"lower_bound": float(out["lower_bound"]), "lower_bound/surrogate": float(out["surrogate"]),
-            "lower_bound/c_tv": float(out["c_tv"]), "lower_bound/tv_seq_k": float(out["tv_seq_k"])}
+            "lower_bound/c_tv": float(out["c_tv"]), "lower_bound/tv_seq_k": float(out["tv_seq_k"]),
+            "lower_bound/kl_step": kl_step}
