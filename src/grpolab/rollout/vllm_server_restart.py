@@ -59,7 +59,7 @@ class RestartBudget:
     def use(self, err: BaseException, startup_s: float | None) -> None:
         """Count one restart and log it (a warning: a restart is never silent)."""
         self.used += 1
-        first = " ".join(str(err).split())[:300]
+        first = " ".join(str(err).split("; last lines of")[0].split())[:300]  # the log's tail is in server.log
         took = f" (the first start took {startup_s:.0f} s)" if startup_s is not None else ""
         log.warning("the vLLM server this run started failed: %s; restarting it (%d of rollout.server.max_restarts="
                     "%d)%s, then sampling the failed buffer again", first, self.used, self.max_restarts, took)
