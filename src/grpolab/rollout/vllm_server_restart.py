@@ -7,6 +7,17 @@ The refresh that failed then gives the new server the weights of its own sampler
 again (:mod:`grpolab.rollout.refresh`). It costs one server start-up (the first start's ``startup_s``: 20-60 s on
 this project's CPU, minutes for a large model on GPU) plus the push, and the buffer's generation is done again.
 
+What is identical to a run whose server never died: the weights the buffer is sampled from (bit for bit: the
+failed refresh's push, i.e. the live policy of that step when synchronous, the kept CPU copy of the launch's push
+under ``rollout.async_generation``, never the policy that trained since), the prompts, the round, every request's
+sampling parameters and seed (drawn again from the same seeded RNG), the schedule (lags, policy versions), the
+prompt order and the completion counters afterwards. What may differ: the sampled tokens and their log-probs, by the
+server's own floating-point non-determinism (a new process, an empty prefix cache, other request batching; seeded
+requests on batch-invariant kernels would repeat exactly), and the bookkeeping: ``weight_syncs`` and
+``time/weight_sync`` count the new server's load, ``sampler_restarts`` counts the restart, the wall-clock times grow,
+and ``server.log`` holds both servers' output. The in-process stand-in of ``tests/rollout/test_sampler_failure.py``
+(deterministic sampling) ends bit for bit where an uninterrupted run ends.
+
 Never restarted: a server given by ``rollout.server.url`` (the run does not own it), a server that never answered
 ``/health`` (a start-up failure is a configuration or machine problem that a restart repeats), a run with several
 training processes (every rank would have to agree on the restart), and an error that is not the server's (a
