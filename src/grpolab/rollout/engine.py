@@ -189,10 +189,10 @@ class GenerationEngine(ABC):
         again (rollout.server.max_restarts=1, 1 used)``), put before the failure's reason; "" = nothing to say."""
         return ""
 
-    def restart(self) -> None:
-        """Replace the failed sampler with a fresh one that holds no weights yet: the next :meth:`sync_weights`
-        or :meth:`load_sampler_state_dict` gives it its weights. :meth:`sampler_state_dict` must be read before.
-        Called only after :meth:`can_restart` returned True.
+    def restart(self, err: BaseException) -> None:
+        """Replace the sampler that failed with ``err`` by a fresh one that holds no weights yet: the next
+        :meth:`sync_weights` or :meth:`load_sampler_state_dict` gives it its weights (read :meth:`sampler_state_dict`
+        before). Called only after :meth:`can_restart` returned True.
 
         Raises:
             NotImplementedError: the engine cannot restart its sampler (the default).
