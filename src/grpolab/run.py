@@ -175,7 +175,7 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
                    stopped_in=stop.stopped_in if stop.signum else None)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
     summary.update(final, memory_plan=plan_summary(cfg))
-    summary.update(summary_keys(parts.get("failure"), getattr(parts["datamodule"].engine, "restarts", 0)))
+    summary.update(summary_keys(parts.get("failure"), parts["datamodule"].sampler.restarts))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))

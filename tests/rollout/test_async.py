@@ -1,5 +1,6 @@
 """End-to-end: the sampler that owns its weights, asynchronous generation, lag bounds, resume, engine faults."""
 
+import re
 import time
 
 import pandas as pd
@@ -8,7 +9,6 @@ import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
-from grpolab.rollout.background import RolloutEngineError
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.run import run_training
 
@@ -120,13 +120,15 @@ class DyingEngine(FaultyEngine):
 @pytest.mark.parametrize("engine,message", [("FaultyEngine", "did not deliver rollout buffer 2 within"),
                                             ("DyingEngine", "sampler process died")])
 def test_a_hanging_or_dying_sampler_stops_the_run_naming_the_step(tmp_path, engine, message):
-    # (the trainer waits for buffer 2 at step 3, half-way through buffer 1: rollout.overlap_steps)
-    with pytest.raises(RolloutEngineError, match=f"step 3: .*{message}"):
-        _run(tmp_path, *ASYNC, f"rollout._target_={__name__}.{engine}", "rollout.generation_timeout_s=1",
-             "algo=grpo_offpolicy", "algo.steps_per_generation=2", "trainer.max_steps=8",
-             "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_checkpoint.monitor=null")
+    # (the trainer waits for buffer 2 at step 3, half-way through buffer 1: rollout.overlap_steps): the sampler
+    # failure path, as without async: a failed summary and last.ckpt at the last completed step, buffer 2 in flight
+    summary, _ = _run(tmp_path, *ASYNC, f"rollout._target_={__name__}.{engine}", "rollout.generation_timeout_s=1",
+                      "algo=grpo_offpolicy", "algo.steps_per_generation=2", "trainer.max_steps=8",
+                      "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_checkpoint.monitor=null")
+    assert summary["failed"] is True and summary["failure"]["step"] == summary["steps"] == 3
+    assert re.search(f"^RolloutEngineError: step 3: .*{message}", summary["failure"]["reason"])
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
-    assert last["global_step"] == 2  # the last good state is kept
+    assert last["global_step"] == 3 and last["RolloutDataModule"]["in_flight"]["round"] == 2
 
 
 def test_async_on_policy_settings_still_store_log_alpha(tmp_path):

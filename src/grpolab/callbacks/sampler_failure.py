@@ -37,7 +37,8 @@ class SaveOnSamplerFailure(L.Callback):
 
 
 def summary_keys(failure: SamplerFailure | None, restarts: int = 0) -> dict[str, Any]:
-    """The ``summary.json`` keys of a run's sampler failure (``failed``, ``failure``) and its server restarts."""
+    """The ``summary.json`` keys of a run's sampler failure (``failed``, ``failure``) and its sampler restarts
+    (``sampler_restarts``: samplers restarted after a failure, the buffer sampled again; the run goes on)."""
     if failure is None:
         return {"failed": False, "failure": None, "sampler_restarts": restarts}
     return {"failed": True, "sampler_restarts": restarts,

@@ -142,7 +142,8 @@ class RolloutDataModule(L.LightningDataModule):
             self.buffer.fill(self.refresh.refill(step, self.buffer.rounds))
         self.refresh.before_step(step, self.buffer, self.trainer.max_steps if self.trainer else None)
         mb = self.buffer.next(step)
-        mb.metrics = {"time/rollout": self.refresh.time_rollout_s, "time/weight_sync": self.sampler.take_push_time()}
+        mb.metrics = {"time/rollout": self.refresh.time_rollout_s, "time/weight_sync": self.sampler.take_push_time(),
+                      "rollout/sampler_restarts": float(self.sampler.restarts)}
         mb.metrics.update(self.drift_refresh.metrics())
         return mb
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import re
 import time
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from grpolab.errors import NonFiniteLossError
-from grpolab.rollout.background import BackgroundJob, half_cores, split_cpu_threads
+from grpolab.rollout.background import BackgroundJob, RolloutEngineError, half_cores, split_cpu_threads
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder
@@ -82,30 +83,64 @@ class SyncRefresh:
     def refill(self, step: int, round_index: int) -> list[Minibatch]:
         """Sample refresh ``round_index`` with the policy of step ``step`` (which becomes the sampler alpha).
 
+        A sampler that fails and can be restarted (:meth:`SamplerPolicy.restart`: a vLLM server this run started,
+        ``rollout.server.max_restarts``) is restarted and the refresh sampled again after putting back what the
+        failed attempt advanced: the same prompts, the same seed, the weights of the same policy (the live policy of
+        step ``step``, which does not change while the trainer waits here), pushed to the new sampler. The buffer is
+        then the one the failed attempt would have produced, up to the sampler's own non-determinism (a vLLM
+        server's batching may round differently); the counters count it once, ``weight_syncs`` counts the re-push.
+
         Raises:
             NonFiniteLossError: the policy's probabilities are not finite (sampling cannot proceed).
-            SamplerFailure: the push or the sampler failed (the prompt order and counters are put back first).
+            SamplerFailure: the push or the sampler failed and no restart is left (the prompt order and counters are
+                put back first).
         """
         start = time.perf_counter()
         before = (self.prompts.state_dict(), dict(self.producer.counters))  # put back if the sampler fails
-        rows = [self.train_rows[i] for i in self.take_indices()]
-        torch.manual_seed(self.seed_of(round_index))
-        try:
-            self.sampler.push(self.models.policy, step)
-            with self.precision():
-                minibatches = self.producer.produce(self.sampler.module(self.models.policy), self.models.reference,
-                                                    rows, round_index, step)
-        except Exception as err:
-            self.prompts.load_state_dict(before[0])
-            self.producer.counters.clear()
-            self.producer.counters.update(before[1])
-            # torch's sampling error names `inf`/`nan` as words; a server's message may hold "/inference/..."
-            if isinstance(err, RuntimeError) and re.search(r"\b(inf|nan)\b", str(err)):
-                raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
-                                         f"({err}); lower algo.learning_rate") from err
-            raise SamplerFailure(step, err) from err
+        while True:
+            rows = [self.train_rows[i] for i in self.take_indices()]
+            torch.manual_seed(self.seed_of(round_index))
+            try:
+                self.sampler.push(self.models.policy, step)
+                with self.precision():
+                    minibatches = self.producer.produce(self.sampler.module(self.models.policy),
+                                                        self.models.reference, rows, round_index, step)
+                break
+            except Exception as err:
+                self.prompts.load_state_dict(before[0])
+                self.producer.counters.clear()
+                self.producer.counters.update(before[1])
+                self._restart_or_raise(step, err)
         self.time_rollout_s += time.perf_counter() - start
         return minibatches
+
+    def _restart_or_raise(self, step: int, err: BaseException, cause: BaseException | None = None) -> None:
+        """Restart the sampler that failed with ``err`` (``cause``: the underlying error, default ``err``) and
+        return, or raise.
+
+        Raises:
+            NonFiniteLossError: the error is torch's for non-finite sampling probabilities.
+            SamplerFailure: the sampler is not restarted (its reason leads with the engine's note on why not).
+        """
+        cause = err if cause is None else cause
+        # torch's sampling error names `inf`/`nan` as words; a server's message may hold "/inference/..."
+        if isinstance(cause, RuntimeError) and re.search(r"\b(inf|nan)\b", str(cause)):
+            raise NonFiniteLossError(f"step {step}: sampling failed, the policy's probabilities are non-finite "
+                                     f"({cause}); lower algo.learning_rate") from err
+        if not self.sampler.restart(cause):
+            raise SamplerFailure(step, err, self.sampler.engine.restart_note(cause)) from err
+
+    def _push(self, step: int, push: Callable[[], None]) -> None:
+        """``push()`` (a weight push), restarting the sampler and pushing again when it fails and can be restarted.
+
+        Raises:
+            As :meth:`_restart_or_raise`.
+        """
+        while True:
+            try:
+                return push()
+            except Exception as err:
+                self._restart_or_raise(step, err)
 
     def before_step(self, step: int, buffer: RolloutBuffer, max_steps: int | None) -> None:
         """Work due before each step once the buffer is filled; nothing for a synchronous refresh."""
@@ -159,13 +194,14 @@ class AsyncRefresh(SyncRefresh):
         flight), then add the reference's log-probs as of this step.
 
         Raises:
-            RolloutEngineError: the background sampler failed or exceeded ``rollout.generation_timeout_s``.
+            SamplerFailure: the background sampler failed with no restart left, or exceeded
+                ``rollout.generation_timeout_s`` (:meth:`_result`).
         """
         start = time.perf_counter()
-        self._resume_in_flight()
+        self._resume_in_flight(step)
         if self._job is None:  # the first buffer (or no overlap: the push delay is a whole buffer)
             self._launch(step, round_index, overlap=False)
-        minibatches, counters = self._job.result(self.settings.generation_timeout_s, step)
+        minibatches, counters = self._result(step)
         # cleared only after the result: a job that failed or timed out is still joined at close()
         job, self._job, self._job_spec = self._job, None, None
         self.producer.add_counts(counters)
@@ -181,7 +217,7 @@ class AsyncRefresh(SyncRefresh):
         (S = steps per buffer), or earlier if ``rollout.refresh=adaptive`` ends it; then the buffer launched here
         is handed over early (:meth:`refill`), and the next launch takes the weights of that step.
         """
-        self._resume_in_flight()
+        self._resume_in_flight(step)
         spb = buffer.steps_per_buffer
         next_needed = max_steps is None or max_steps < 0 or step + spb - buffer.position < max_steps
         if self._job is None and buffer.position >= self.settings.push_delay(spb) and next_needed:
@@ -190,18 +226,52 @@ class AsyncRefresh(SyncRefresh):
 
     def _launch(self, step: int, round_index: int, overlap: bool = True) -> None:
         """Push the policy (version ``step``) and generate refresh ``round_index`` from it in the background.
-        ``overlap=False``: the trainer waits for this buffer, so the sampler gets every core."""
-        self.sampler.push(self.models.policy, step)
+        ``overlap=False``: the trainer waits for this buffer, so the sampler gets every core.
+
+        Raises:
+            SamplerFailure: the push failed with no restart left (nothing was launched, no prompt taken).
+        """
+        self._push(step, lambda: self.sampler.push(self.models.policy, step))
         self._start_job({"round": round_index, "indices": self.take_indices(),
                          "policy_version": self.sampler.version}, overlap)
 
-    def _resume_in_flight(self) -> None:
-        """After a resume: regenerate the buffer that was in flight from the saved sampler weights."""
+    def _resume_in_flight(self, step: int) -> None:
+        """After a resume: regenerate the buffer that was in flight from the saved sampler weights (kept in flight
+        until the push succeeded, so a failure here saves it again)."""
         if self._restore is None:
             return
-        spec, self._restore = self._restore, None
-        self.sampler.restore(spec, like=self.models.policy)
+        spec = self._restore
+        self._push(step, lambda: self.sampler.restore(spec, like=self.models.policy))
+        self._restore = None
         self._start_job({k: v for k, v in spec.items() if k != "sampler_weights"})
+
+    def _result(self, step: int) -> tuple[list[Minibatch], dict[str, int]]:
+        """The buffer in flight, once delivered; after a failure that the sampler survives by a restart, the same
+        buffer generated again.
+
+        The buffer is regenerated from the weights its launch pushed (``engine.sampler_state_dict()``, read before
+        the restart: the sampler policy of that refresh, not the live policy, which has trained since), with the
+        same prompts, round and seed, every core to the sampler (the trainer waits for it). Identical to what the
+        failed job would have delivered up to the sampler's own non-determinism (a vLLM server's batching);
+        ``weight_syncs`` counts the reload, the counters count the buffer once.
+
+        Raises:
+            SamplerFailure: the job failed and the sampler is not restarted, or it did not deliver within
+                ``rollout.generation_timeout_s`` (a job still running is never restarted). The job stays in flight,
+                so ``last.ckpt`` saves it and a resume regenerates it.
+            NonFiniteLossError: the job failed on non-finite sampling probabilities.
+        """
+        while True:
+            try:
+                return self._job.result(self.settings.generation_timeout_s, step)
+            except RolloutEngineError as err:
+                cause = err.__cause__ if self._job.done() and err.__cause__ is not None else err
+                engine, spec = self.sampler.engine, self._job_spec
+                weights = engine.sampler_state_dict() if engine.can_restart(cause) else None
+                self._restart_or_raise(step, err, cause)  # returns after a restart
+                state = {"sampler_weights": weights, "policy_version": spec["policy_version"]}
+                self._push(step, functools.partial(self.sampler.restore, state, like=self.models.policy, count=True))
+                self._start_job(spec, overlap=False)
 
     def _balance_threads(self, step: int, position: int, steps_per_buffer: int) -> None:
         if self._all_threads is None:
@@ -209,7 +279,7 @@ class AsyncRefresh(SyncRefresh):
         pending = self._job is not None
         if pending and position >= self.settings.overlap_end(steps_per_buffer):
             start = time.perf_counter()
-            self._job.result(self.settings.generation_timeout_s, step)  # raises, naming the step
+            self._result(step)  # raises SamplerFailure, naming the step
             self.time_rollout_s += time.perf_counter() - start
             pending = False
         want = min(half_cores(), self._all_threads) if pending else self._all_threads

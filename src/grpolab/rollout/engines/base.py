@@ -193,6 +193,27 @@ class GenerationEngine(ABC):
         """From now on keep what :meth:`sampler_state_dict` needs at every push. Called once by the asynchronous
         refresh before its first push (a checkpoint may then hold a buffer in flight). Default: nothing to keep."""
 
+    # ---------------------------------------------------------------------------------------- restarts
+    def can_restart(self, err: BaseException) -> bool:
+        """Whether :meth:`restart` would replace a sampler that failed with ``err`` (a server this run started,
+        within its restart budget). Default: False (an in-process engine's failure stops the run)."""
+        return False
+
+    def restart_note(self, err: BaseException) -> str:
+        """Why a sampler that failed with ``err`` is not restarted, naming the setting (e.g. ``not restarted
+        again (rollout.server.max_restarts=1, 1 used)``), put before the failure's reason; "" = nothing to say."""
+        return ""
+
+    def restart(self, err: BaseException) -> None:
+        """Replace the sampler that failed with ``err`` by a fresh one that holds no weights yet: the next
+        :meth:`sync_weights` or :meth:`load_sampler_state_dict` gives it its weights (read :meth:`sampler_state_dict`
+        before). Called only after :meth:`can_restart` returned True.
+
+        Raises:
+            NotImplementedError: the engine cannot restart its sampler (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot restart its sampler")
+
     def sleep(self) -> None:  # noqa: B027 - an optional capability, empty by default
         """Free the engine's memory between refreshes where it can (GPU sleep mode). Default: nothing."""
 

@@ -14,6 +14,10 @@ weights that sampled it, and a completion sampled with any label but the one pro
 run; after the first two pushes the engine's log-probs are compared with the trainer's on a probe (as the
 in-process engine's start-up check), so a push that did not reach the weights stops the run too.
 
+A server this run started that dies (or fails a request or a push, and is then stopped) is restarted, up to
+``rollout.server.max_restarts`` times, and the buffer it failed on is sampled again from the same weights
+(:mod:`grpolab.rollout.engines.vllm_server.restart`); a server given by URL is never restarted.
+
 Requests carry every sampling parameter explicitly (temperature, ``top_p=1``, ``top_k=0``, no penalties, the stop
 ids, one seed per completion drawn from torch's RNG) and ask for the sampled tokens' log-probs; the server runs with
 ``--logprobs-mode processed_logprobs``, so they are ``log_softmax(logits / T)``: log alpha. At most
@@ -32,7 +36,6 @@ import importlib.util
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,38 +50,13 @@ from grpolab.rollout.engines.vllm_check import check_push
 
 from .guards import check_weight_versions
 from .process import RequestPool, ServerClient, ServerError, ServerProcess, free_port
+from .ranks import barrier, probe_from_rank0, rank_world
+from .restart import RestartBudget
 from .settings import ServerSettings, check_engine_args, server_args
 from .transport import FilePush, NcclPush
 
 SERVED_NAME = "grpolab-policy"
 STARTUP_CHECKS = 2  # pushes followed by the log-prob probe: the start-up load, and the first reload
-
-
-def _probe_from_rank0(probe: Any, prompts: list[list[int]], temperature: float,
-                      max_tokens: int) -> list[tuple[list[int], list[float]]]:
-    """Rank 0's ``probe(prompts, temperature, max_tokens)`` (the server's samples and log-probs), on every rank: a
-    collective (``broadcast_object_list``); ``probe`` is None on the other ranks."""
-    import torch.distributed as dist
-
-    box = [probe(prompts, temperature, max_tokens) if probe is not None else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _rank_world() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier(timeout_s: float) -> None:
-    """Every rank waits here, bounded by ``timeout_s`` on gloo (the NCCL group's own timeout otherwise)."""
-    dist = torch.distributed
-    if dist.get_backend() == "gloo":
-        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
-    else:
-        dist.barrier()
 
 
 class VLLMServerEngine(GenerationEngine):
@@ -100,7 +78,8 @@ class VLLMServerEngine(GenerationEngine):
     Raises:
         ConfigError: naming ``rollout.<key>`` or ``rollout.server.<key>`` (also raised by :meth:`check_config`
             before any model is built).
-        ServerError: the server does not start, dies, stops answering or samples with other weights than promised.
+        ServerError: the server does not start, dies, stops answering or samples with other weights than promised
+            (the refresh restarts a server this run started when :meth:`can_restart` says so).
     """
 
     owns_weights = True
@@ -158,6 +137,8 @@ class VLLMServerEngine(GenerationEngine):
         self._checks_left = STARTUP_CHECKS
         self._max_len = 0
         self._lock = threading.RLock()
+        self.startup_s: float | None = None  # the first start's seconds (a restart costs about as much)
+        self._restarts = RestartBudget(self.settings.max_restarts, owned=self.settings.url is None)
 
     # ------------------------------------------------------------------------------ server life cycle
     def _describe(self) -> str:
@@ -167,7 +148,7 @@ class VLLMServerEngine(GenerationEngine):
         """Start the server on ``state`` (rank 0, no ``rollout.server.url``) or reach the given one; then read its
         length limit and make the weight transport (rank 0)."""
         s = self.settings
-        rank, world = _rank_world()
+        rank, world = rank_world()
         url = s.url
         if url is None and rank == 0:
             url = self._start(model, state)
@@ -217,7 +198,9 @@ class VLLMServerEngine(GenerationEngine):
         t0 = time.perf_counter()
         self.process = ServerProcess(args, s.host, port, workdir / "server.log", env=env, cpu_cores=cores)
         self.process.wait_ready(s.startup_timeout_s)
-        self.startup_s = time.perf_counter() - t0
+        self._restarts.served = True
+        if self.startup_s is None:
+            self.startup_s = time.perf_counter() - t0
         return self.process.url
 
     def close(self) -> None:
@@ -230,6 +213,23 @@ class VLLMServerEngine(GenerationEngine):
             self._transport = None
         if self.process is not None:
             self.process.stop()
+
+    def can_restart(self, err: BaseException) -> bool:
+        """True when ``err`` is the failure of a server this run started and served from, in a one-process run,
+        with restarts left (``rollout.server.max_restarts``; :mod:`grpolab.rollout.engines.vllm_server.restart`)."""
+        return self._restarts.refusal(err, rank_world()[1]) is None
+
+    def restart_note(self, err: BaseException) -> str:
+        """Why the server is not restarted after ``err``, naming the setting ("" when it is not the server's)."""
+        return self._restarts.refusal(err, rank_world()[1]) or ""
+
+    def restart(self, err: BaseException) -> None:
+        """Stop what is left of the failed server and forget it: the next push starts a new one on the weights it
+        pushes (the start-up load). The kept weights (:meth:`sampler_state_dict`) survive."""
+        with self._lock:
+            self._restarts.use(err, self.startup_s)
+            self.close()
+            self.process, self.client, self._label = None, None, None
 
     def _fail(self, err: Exception, what: str) -> ServerError:
         """The error that stops the run; a server this run started is stopped first (no process left behind)."""
@@ -254,17 +254,17 @@ class VLLMServerEngine(GenerationEngine):
     def _state_for_push(self, model: Any) -> dict[str, torch.Tensor] | None:
         from grpolab.distributed import is_sharded
 
-        rank, _ = _rank_world()
+        rank, _ = rank_world()
         if rank == 0 or is_sharded(model) or self.keep_sampler_weights:
             return full_policy_state(model)  # a collective under FSDP: every rank calls it
         return None
 
     def _push(self, model: Any, state: dict[str, torch.Tensor] | None, label: str, version: int | None,
               check: bool = True) -> None:
-        rank, world = _rank_world()
+        rank, world = rank_world()
         self._version = version
         if world > 1:  # every rank has finished sampling with the old weights before they change
-            _barrier(self.settings.push_timeout_s)
+            barrier(self.settings.push_timeout_s)
         if self.keep_sampler_weights and state is not None:
             self._kept = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
         t0 = time.perf_counter()
@@ -280,7 +280,7 @@ class VLLMServerEngine(GenerationEngine):
         if rank == 0:
             self.push_seconds.append(time.perf_counter() - t0)
         if world > 1:
-            _barrier(self.settings.push_timeout_s)
+            barrier(self.settings.push_timeout_s)
         self._label = label
         self.weight_pushes += 1
         if self._checks_left > 0 and check:
@@ -296,7 +296,7 @@ class VLLMServerEngine(GenerationEngine):
         if rank != 0 and not sharded:
             return
         self._checks_left -= 1
-        sample = self._probe if not sharded else functools.partial(_probe_from_rank0, self._probe if rank == 0 else None)
+        sample = self._probe if not sharded else functools.partial(probe_from_rank0, self._probe if rank == 0 else None)
         check_push(self, model, sample=sample, what=f"the vLLM server at {self.client.url}")
 
     def _transport_push(self, state: dict[str, torch.Tensor], label: str) -> None:

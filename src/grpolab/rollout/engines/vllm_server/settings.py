@@ -35,6 +35,8 @@ class ServerSettings:
         trainer_host: the address the server's workers reach trainer rank 0 at for the NCCL rendezvous.
         nccl_port: the rendezvous port on trainer rank 0.
         extra_args: further ``vllm serve`` arguments for a started server.
+        max_restarts: times a started server that dies is restarted per training process (0 = never); a server
+            given by ``url`` is never restarted (:mod:`grpolab.rollout.engines.vllm_server.restart`).
     """
 
     url: str | None = None
@@ -51,6 +53,7 @@ class ServerSettings:
     trainer_host: str | None = None
     nccl_port: int = 29555
     extra_args: list[str] = field(default_factory=list)
+    max_restarts: int = 1
 
     def transport(self, trainer_on_gpu: bool) -> str:
         """``file`` or ``nccl``, resolving ``auto``."""
@@ -118,6 +121,9 @@ def check_engine_args(args: dict[str, Any]) -> ServerSettings:
         raise ConfigError(f"rollout.server.nccl_port must be an integer in 1..65535, got {s.nccl_port!r}")
     if not isinstance(s.extra_args, list) or not all(isinstance(a, str) for a in s.extra_args):
         raise ConfigError(f"rollout.server.extra_args must be a list of strings, got {s.extra_args!r}")
+    if isinstance(s.max_restarts, bool) or not isinstance(s.max_restarts, int) or s.max_restarts < 0:
+        raise ConfigError(f"rollout.server.max_restarts must be an integer >= 0 (0 = never restart), got "
+                          f"{s.max_restarts!r}")
     if s.url is None and s.port is not None:
         from grpolab.rollout.engines.vllm_server.process import port_in_use
 
