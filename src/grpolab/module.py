@@ -138,7 +138,8 @@ class GRPOModule(L.LightningModule):
         self._refresh_reference()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._refresh_reference()  # after this step's checkpoints, before the next step's minibatch is made
+        if not 0 <= self.trainer.max_steps <= self.global_step:  # another step follows (max_steps -1: no limit)
+            self._refresh_reference()  # after this step's checkpoints, before the next step's minibatch is made
 
     def _refresh_reference(self) -> None:
         """``algo.ref_refresh_every``: the reference becomes the policy when due; its version goes on the handle."""
