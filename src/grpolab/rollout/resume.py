@@ -80,7 +80,7 @@ def resume_conflicts(state: dict[str, Any], cfg: Any, world: int, drop_buffer: b
     (each rank held its own prompts' buffer).
 
     Args:
-        state: the data module's saved state (:func:`rollout_state`).
+        state: the data module's saved state (:meth:`~grpolab.rollout.datamodule.RolloutDataModule.state_dict`).
         cfg: the :class:`~grpolab.config.GRPOConfig` of the resumed run.
         world: the number of training processes now.
         drop_buffer: ``resume_drop_buffer``: the conflicts are returned (the caller drops the buffer) instead of raised.
