@@ -69,7 +69,6 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
     import grpolab.forward.theorem1 as theorem1_mod
     import grpolab.module as module_mod
     import grpolab.rollout.producer as producer_mod
-    import grpolab.rollout.reference as reference_mod
     from grpolab.run import build
 
     torch.set_num_threads(threads)
@@ -132,7 +131,7 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
             step_ends.append(time.perf_counter())
             snapshots.append(dict(spent) | {f"tokens/{k}": v for k, v in tokens.items()})
 
-    for mod in (producer_mod, reference_mod, theorem1_mod):  # sampler, reference, post-step bound passes
+    for mod in (producer_mod, theorem1_mod):  # sampler and reference (also re-scored), post-step bound passes
         mod.batched_log_probs = timed("logp passes", mod.batched_log_probs)
     module_mod.completion_log_probs = timed("forward", module_mod.completion_log_probs)
     module.manual_backward = timed("backward", module.manual_backward)

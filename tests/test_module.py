@@ -1,8 +1,9 @@
 """Through the real training loop: the Theorem 1 bound after the update, and the reference refresh inside a
-rollout buffer."""
+rollout buffer (the module refreshes its reference; each minibatch names the reference version that scored it)."""
 
 import math
 
+import lightning as L
 import pandas as pd
 import pytest
 import torch
@@ -59,6 +60,35 @@ def test_reference_refresh_inside_a_buffer_recomputes_the_stored_ref_log_probs(t
     m = mb.completion_mask
     diff = (batched_log_probs(ref, mb.tensors(), cfg.algo.temperature, None) - mb.ref_logp)[m].abs().max()
     assert diff > 1e-5 and math.isfinite(float(diff))
+
+
+class _ReferenceAtEachStep(L.Callback):
+    """Records, right before each training step, the minibatch's reference version, the module's, and whether the
+    minibatch's ref_logp are the module's reference's log-probs of its completions at that moment."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature, self.seen = temperature, []
+
+    def on_train_batch_start(self, trainer, module, mb, batch_idx):
+        now = batched_log_probs(module.reference, mb.tensors(), self.temperature, None, True)
+        self.seen.append((module.global_step, mb.reference_version, module.models.reference_version,
+                          torch.equal(mb.ref_logp, now)))
+
+
+def test_each_minibatch_is_scored_by_the_reference_the_module_holds_when_it_is_used(tmp_path):
+    # k = 4, i = 1, refresh every 2 steps: the reference holds the policy of step 0 for steps 0-1, of step 2 for
+    # steps 2-3 (minibatches 2, 3 of the first buffer re-scored), of step 4 for steps 4-5 (the second buffer,
+    # sampled at step 4 after that refresh)
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *QUIET, "algo=grpo_offpolicy", "algo.steps_per_generation=4",
+                                       "algo.beta=0.04", "algo.ref_refresh_every=2", "algo.learning_rate=1e-3",
+                                       "trainer.max_steps=6"])
+    parts = build(cfg)
+    seen = _ReferenceAtEachStep(cfg.algo.temperature)
+    parts["trainer"].callbacks.append(seen)
+    parts["trainer"].fit(parts["module"], datamodule=parts["datamodule"])
+    assert seen.seen == [(0, 0, 0, True), (1, 0, 0, True), (2, 2, 2, True), (3, 2, 2, True), (4, 4, 4, True),
+                         (5, 4, 4, True)]
+    assert parts["module"].models.reference_version == 4  # no refresh after the last step
 
 
 @pytest.mark.parametrize("override,key", [

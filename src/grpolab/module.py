@@ -31,7 +31,7 @@ from grpolab.algo.diagnostics import (
 from grpolab.algo.kl import masked_mean
 from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_stats
 from grpolab.algo.metric_reduction import step_weights
-from grpolab.algo.sampling_correction import sampling_mismatch_metrics, truncated_importance_weights
+from grpolab.algo.sampling_correction import first_use_mismatch, truncated_importance_weights
 from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import FP16_SCALER_MESSAGE
@@ -42,7 +42,8 @@ from grpolab.forward.theorem1 import lower_bound_metrics
 from grpolab.handle import PolicyHandle
 from grpolab.models import make_reference
 from grpolab.previous_policy import PreviousPolicy
-from grpolab.rank_state import gather_rank_state, own_rank_state
+from grpolab.rank_state import own_rank_state, rank_lists
+from grpolab.reference_refresh import ReferenceRefresh
 from grpolab.rollout.buffer import Minibatch
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ ZERO_VARIANCE_PATIENCE = 20
 
 
 class GRPOModule(L.LightningModule):
-    """Policy + frozen reference (only when ``beta > 0``) trained with the GRPO objective.
+    """Policy + frozen reference (only when ``beta > 0``; refreshed here, ``algo.ref_refresh_every``) trained with the
+    GRPO objective.
 
     Args:
         model: a model spec from ``conf/model`` (``load_tokenizer()``, ``load_policy(task)``).
@@ -65,8 +67,7 @@ class GRPOModule(L.LightningModule):
         tokenizer: the policy's tokenizer; None = ``model.load_tokenizer()`` on first use.
 
     Attributes:
-        models: a :class:`~grpolab.handle.PolicyHandle` on the policy and the reference, filled in by
-            :meth:`configure_model`: the narrow view the data module samples from.
+        models: the :class:`~grpolab.handle.PolicyHandle` the data module reads; only the module writes it.
     """
 
     def __init__(self, model: Any, cfg: GRPOConfig, optimizer: Callable[..., torch.optim.Optimizer],
@@ -95,6 +96,7 @@ class GRPOModule(L.LightningModule):
         self._frozen = frozen_weights.CheckpointPlan(bool(cfg.ref_refresh_every))  # what checkpoints leave out
         self._mismatch: dict[str, float] = {}  # engine vs trainer log-probs of the last step (rollout=vllm)
         self._previous: PreviousPolicy | None = None  # pi_{t-1}'s weights (algo.ratio_reference=previous)
+        self._ref_refresh = ReferenceRefresh(cfg.ref_refresh_every)  # when the reference becomes the policy
 
     @property
     def tokenizer(self) -> Any:
@@ -132,16 +134,27 @@ class GRPOModule(L.LightningModule):
             raise ConfigError(f"a precision plugin with a GradScaler (trainer.precision=16-mixed) {FP16_SCALER_MESSAGE}")
         self._fit_start = time.perf_counter()
 
+    def on_train_start(self) -> None:  # also a resumed checkpoint that was saved before a refresh that was due
+        self._refresh_reference()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not 0 <= self.trainer.max_steps <= self.global_step:  # another step follows (max_steps -1: no limit)
+            self._refresh_reference()  # after this step's checkpoints, before the next step's minibatch is made
+
+    def _refresh_reference(self) -> None:
+        """``algo.ref_refresh_every``: the reference becomes the policy when due; its version goes on the handle."""
+        self.models.reference_version = self._ref_refresh.refresh_if_due(self.reference, self.policy, self.global_step)
+
     def _anchor(self, mb: Minibatch, start: int, stop: int, current: torch.Tensor) -> torch.Tensor:
         """log pi_k: the policy at the first use of this minibatch (frozen for its later iterations)."""
-        key = (mb.round, mb.index)
         if mb.iteration == 0:
             return current
-        return self._anchors[key][start:stop].to(current.device)
+        return self._anchors[(mb.round, mb.index)][start:stop].to(current.device)
 
     def training_step(self, mb: Minibatch, batch_idx: int) -> torch.Tensor:
         t0 = time.perf_counter()
         c, step = self.cfg, self.global_step
+        self._ref_refresh.check(mb, step)  # its ref_logp were scored by the reference the module holds now
         opt = self.optimizers()
         n = len(mb)
         size = c.micro_batch_size or n
@@ -182,7 +195,7 @@ class GRPOModule(L.LightningModule):
             entropies.append(entropy)
         if mb.iteration == 0 and c.num_iterations > 1:
             self._anchors = {(mb.round, mb.index): torch.cat(current).cpu()}
-        self._mismatch = self._sampling_mismatch(mb, torch.cat(current), step)
+        self._mismatch = first_use_mismatch(mb, torch.cat(current), step, c)
         grad_norm = self._clip_and_check(step)
         # algo.skip_zero_grad_steps: the global norm decides, so every rank takes the same branch. The grads are set
         # to None and opt.step() still runs: AdamW leaves a parameter without a gradient alone (no momentum step, no
@@ -209,25 +222,6 @@ class GRPOModule(L.LightningModule):
     def _no_sync(self, last: bool) -> Any:
         block = getattr(self.trainer.strategy, "block_backward_sync", None)  # DDP's no_sync (Lightning)
         return contextlib.nullcontext() if last or block is None else block()
-
-    def _sampling_mismatch(self, mb: Minibatch, current: torch.Tensor, step: int) -> dict[str, float]:
-        """Engine vs trainer log-probs of the SAME weights on the first use of a minibatch (TRL's ``sampling/*``).
-
-        The trainer's side is the recomputed ``log alpha`` when there is one, else the current log-probs when
-        the policy still holds the sampler's weights (lag 0); at lag > 0 without a recompute the two would mix
-        the mismatch with staleness, so the values are NaN (Lightning would otherwise repeat the last ones).
-        """
-        if mb.engine_logp is None:
-            return {}
-        if mb.iteration == 0 and mb.sampler_logp is not None and not mb.sampler_logp_from_engine:
-            trainer = mb.sampler_logp
-        elif mb.iteration == 0 and mb.policy_version == step:
-            trainer = current
-        else:
-            return dict.fromkeys(sampling_mismatch_metrics(current[:0], current[:0], current[:0]), math.nan)
-        cap = self.cfg.vllm_importance_sampling_cap if self.cfg.vllm_importance_sampling_correction else None
-        return sampling_mismatch_metrics(trainer.to(current.device), mb.engine_logp.to(current.device),
-                                         mb.completion_mask.to(current.device), cap)
 
     def _clip_and_check(self, step: int) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
@@ -370,11 +364,9 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        ranks = gather_rank_state({"anchors": self._anchors, "num_tokens": self.num_tokens})  # None: one process
-        checkpoint["grpolab"] = {"anchors": self._anchors, "val_history": self.val_history,
-                                 "anchor_ranks": None if ranks is None else [r["anchors"] for r in ranks],
-                                 "num_tokens_ranks": None if ranks is None else [r["num_tokens"] for r in ranks],
-                                 "time_train_s": self.time_train_s, "num_tokens": self.num_tokens,
+        own = {"anchors": self._anchors, "num_tokens": self.num_tokens, "drift": self.models.drift}  # per rank (DDP)
+        checkpoint["grpolab"] = {**own, **rank_lists(own), "val_history": self.val_history,
+                                 **self._ref_refresh.state_dict(), "time_train_s": self.time_train_s,
                                  "lag_max": self._lag_max, "skipped_steps": self.skipped_steps,
                                  "previous_policy": None if self._previous is None else self._previous.state_dict()}
         record = {} if is_sharded(self.policy) else self._frozen.for_save(self.state_dict(keep_vars=True))
@@ -385,11 +377,10 @@ class GRPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
-        self._anchors, self.num_tokens = own_rank_state(state, rank, world)  # each rank's own (DDP)
-        self.val_history = state.get("val_history", [])
-        self.time_train_s = state.get("time_train_s", 0.0)
-        self._lag_max = state.get("lag_max", 0)
-        self.skipped_steps = state.get("skipped_steps", 0)
+        self._anchors, self.num_tokens, self.models.drift = own_rank_state(state, rank, world)  # each rank's own (DDP)
+        self._ref_refresh.load_state_dict(state, int(checkpoint.get("global_step", 0)))
+        self.val_history, self.time_train_s = state.get("val_history", []), state.get("time_train_s", 0.0)
+        self._lag_max, self.skipped_steps = state.get("lag_max", 0), state.get("skipped_steps", 0)
         if self._previous is not None and state.get("previous_policy") is not None:
             self._previous.load_state_dict(state["previous_policy"], self.policy)
         record = state.get(frozen_weights.RECORD_KEY)

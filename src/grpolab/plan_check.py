@@ -34,6 +34,7 @@ from grpolab.memory_plan import (
     plan_memory,
 )
 from grpolab.random_init import check_init
+from grpolab.rollout.schedule import Schedule
 
 log = logging.getLogger("grpolab.plan")
 
@@ -286,7 +287,7 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
         gradient_checkpointing=bool(model.get("gradient_checkpointing", False)),
         shared_prompt_forward=algo.shared_prompt_forward, strategy=strategy, world_size=world,
         max_steps=int(max_steps) if isinstance(max_steps, int) and max_steps > 0 else None,
-        steps_per_buffer=algo.steps_per_generation * algo.num_iterations)
+        steps_per_buffer=Schedule(algo.steps_per_generation, algo.num_iterations).steps_per_buffer)
     return inputs, notes
 
 

@@ -23,7 +23,7 @@ from grpolab.callbacks.step_logging import reduce_over_ranks
 from grpolab.distributed import sum_floats_over_ranks
 from grpolab.rollout.adaptive import DriftRefresh
 from grpolab.rollout.buffer import RolloutBuffer
-from grpolab.rollout.settings import RolloutSettings
+from grpolab.rollout.schedule import Schedule
 from grpolab.run import run_training
 
 
@@ -43,7 +43,7 @@ def test_drift_is_measured_over_completion_tokens_not_the_loss_mask():
 
 
 def _buffer_at_position_1() -> RolloutBuffer:
-    buffer = RolloutBuffer(steps_per_generation=4, num_iterations=1)
+    buffer = RolloutBuffer(Schedule(steps_per_generation=4))
     buffer.position = 1
     return buffer
 
@@ -67,7 +67,7 @@ def _drift_worker(rank: int, port: int, out: str) -> None:
         env.set_world_size(2)
         env.set_global_rank(rank)
         strategy = DDPStrategy(parallel_devices=[torch.device("cpu")] * 2, cluster_environment=env)
-        rule = DriftRefresh(RolloutSettings(refresh="adaptive", max_drift=0.5), num_iterations=1)
+        rule = DriftRefresh(max_drift=0.5)
         drift = rule.before_step(1, _buffer_at_position_1(), RANK_DRIFTS[rank], partial(sum_floats_over_ranks, strategy))
         metrics = {f"train/{k}": v for k, v in rule.metrics().items()}
         rows = RANK_DRIFTS[rank][1]  # the ranks averaged other amounts (a row-weighted mean of the ranks' equal values
@@ -118,7 +118,7 @@ def test_sums_over_ranks_use_the_strategy_device(group_without_a_cpu_backend):
             return tensor
 
     # through the rule, as the data module calls it: the drift's tensor reaches the collective on the root device
-    rule = DriftRefresh(RolloutSettings(refresh="adaptive", max_drift=0.5), num_iterations=1)
+    rule = DriftRefresh(max_drift=0.5)
     with pytest.raises(NotImplementedError, match="meta"):
         rule.before_step(1, _buffer_at_position_1(), (0.9, 3), partial(sum_floats_over_ranks, Strategy()))
 

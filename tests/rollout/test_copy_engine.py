@@ -69,9 +69,9 @@ def test_rollout_settings_split_and_validate():
                                            "async_generation": True, "max_lag": 25})
     assert args == {"_target_": "x", "generation_batch_size": None}
     k10 = GRPOConfig(steps_per_generation=10)
-    assert settings.validate(k10, HFSamplerCopyEngine).push_delay(10) == 0  # 2k-1 = 19 <= 25: full overlap
-    assert RolloutSettings(True, 14).push_delay(10) == 5  # lags 10-5 .. 19-5
-    assert RolloutSettings(True, 9).push_delay(10) == 10  # no overlap: lags 0..9
+    assert settings.validate(k10, HFSamplerCopyEngine).schedule(k10).push_delay() == 0  # 2k-1 = 19 <= 25: full overlap
+    assert RolloutSettings(True, 14).schedule(k10).push_delay() == 5  # lags 10-5 .. 19-5
+    assert RolloutSettings(True, 9).schedule(k10).push_delay() == 10  # no overlap: lags 0..9
     with pytest.raises(ValueError, match="rollout.async_generation"):  # the in-place engine owns no weights
         RolloutSettings(async_generation=True).validate(k10, HFGenerationEngine)
     RolloutSettings(async_generation=True).validate(k10, HFSamplerCopyEngine)

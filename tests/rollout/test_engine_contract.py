@@ -16,6 +16,7 @@ from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams, left_pad
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
+from grpolab.rollout.schedule import Schedule
 from grpolab.run import build, run_training
 
 
@@ -88,10 +89,10 @@ def test_pending_steps_are_counted_in_steps_not_minibatches(tmp_path):
     state = dm.state_dict()
     assert state["position"] == 1 and len(state["buffer"]) == 1
     assert dm.buffer.has_pending() and RolloutBuffer.saved_has_pending(state, num_iterations=2)
-    from grpolab.rollout.resume import load_rollout_state
+    from grpolab.rollout.resume import resumable_state
 
     with pytest.raises(ValueError, match="rank buffers in the checkpoint: 1, processes now: 2"):
-        load_rollout_state(dm, state, rank=0, world=2)
+        resumable_state(state, dm.cfg, rank=0, world=2, drop_buffer=False)
 
 
 def _mb(version: int) -> Minibatch:
@@ -102,7 +103,7 @@ def _mb(version: int) -> Minibatch:
 
 
 def test_the_buffer_serves_k_minibatches_i_times_with_their_lag():
-    buffer = RolloutBuffer(steps_per_generation=2, num_iterations=3, max_lag=5)
+    buffer = RolloutBuffer(Schedule(steps_per_generation=2, num_iterations=3, max_lag=5))
     assert buffer.needs_refresh() and not buffer.has_pending()
     buffer.fill([_mb(10), _mb(10)])
     ids = [id(mb) for mb in buffer.minibatches]

@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
+from grpolab.algo.sampling_correction import first_use_mismatch
 from grpolab.config import GRPOConfig
 from grpolab.forward.logprob_pass import batched_log_probs
-from grpolab.module import GRPOModule
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 
@@ -59,13 +59,12 @@ def test_engine_logp_is_log_alpha_without_recompute(tiny_spec, arithmetic_task, 
 def test_recompute_keeps_both(tiny_spec, arithmetic_task, exact_reward, algo):
     recompute = not algo  # the correction alone also forces the trainer's log alpha (TRL)
     cfg, policy, mbs = _produce(tiny_spec, arithmetic_task, exact_reward, recompute=recompute, **algo)
-    module = GRPOModule(model=tiny_spec, cfg=cfg, optimizer=None)
     for mb in mbs:
         assert not mb.sampler_logp_from_engine
         trainer = batched_log_probs(policy, mb.tensors(), cfg.temperature, None)
         assert torch.allclose(mb.sampler_logp, trainer)
         # known at every lag, since the trainer's log alpha is of the sampler's own weights
-        m = module._sampling_mismatch(mb, trainer, step=mb.index)
+        m = first_use_mismatch(mb, trainer, mb.index, cfg)
         assert m["sampling/sampling_logp_difference/mean"] == pytest.approx(OFFSET, abs=1e-5)
         cap = 3.0 if algo else math.inf
         assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(min(math.exp(OFFSET), cap), rel=1e-5)
@@ -73,12 +72,11 @@ def test_recompute_keeps_both(tiny_spec, arithmetic_task, exact_reward, algo):
 
 def test_mismatch_is_measured_at_lag_zero_only_without_recompute(tiny_spec, arithmetic_task, exact_reward):
     cfg, policy, mbs = _produce(tiny_spec, arithmetic_task, exact_reward)
-    module = GRPOModule(model=tiny_spec, cfg=cfg, optimizer=None)
     lag0, lag1 = mbs
     current = batched_log_probs(policy, lag0.tensors(), cfg.temperature, None)
-    m = module._sampling_mismatch(lag0, current, step=lag0.policy_version)
+    m = first_use_mismatch(lag0, current, lag0.policy_version, cfg)
     assert m["sampling/sampling_logp_difference/max"] == pytest.approx(OFFSET, abs=1e-5)
-    later = module._sampling_mismatch(lag1, current, step=lag1.policy_version + 1)
+    later = first_use_mismatch(lag1, current, lag1.policy_version + 1, cfg)
     assert set(later) == set(m) and all(math.isnan(v) for v in later.values())  # staleness would mix in
 
 

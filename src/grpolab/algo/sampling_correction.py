@@ -13,6 +13,7 @@ No Lightning here: pure functions of tensors.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -96,3 +97,31 @@ def sampling_mismatch_metrics(trainer_logp: Tensor, engine_logp: Tensor, mask: T
         "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
         "sampling/importance_sampling_ratio/max": float(ratio.max()),
     }
+
+
+def first_use_mismatch(mb: Any, current: Tensor, step: int, cfg: Any) -> dict[str, float]:
+    """Engine vs trainer log-probs of the SAME weights on the first use of a minibatch (TRL's ``sampling/*``).
+
+    The trainer's side is the recomputed ``log alpha`` when there is one, else the current log-probs ``current``
+    when the policy still holds the sampler's weights (lag 0); at lag > 0 without a recompute the two would mix the
+    mismatch with staleness, so the values are NaN (Lightning would otherwise repeat the last ones).
+
+    Args:
+        mb: the :class:`~grpolab.rollout.buffer.Minibatch` trained at optimizer step ``step``.
+        current: ``[B, T]`` the policy's log-probs of its completions at this step.
+        cfg: the algorithm settings (``vllm_importance_sampling_correction``, ``vllm_importance_sampling_cap``).
+
+    Returns:
+        :func:`sampling_mismatch_metrics`' five floats; empty when the engine reports no log-probs.
+    """
+    if mb.engine_logp is None:
+        return {}
+    if mb.iteration == 0 and mb.sampler_logp is not None and not mb.sampler_logp_from_engine:
+        trainer = mb.sampler_logp
+    elif mb.iteration == 0 and mb.policy_version == step:
+        trainer = current
+    else:
+        return dict.fromkeys(sampling_mismatch_metrics(current[:0], current[:0], current[:0]), math.nan)
+    cap = cfg.vllm_importance_sampling_cap if cfg.vllm_importance_sampling_correction else None
+    return sampling_mismatch_metrics(trainer.to(current.device), mb.engine_logp.to(current.device),
+                                     mb.completion_mask.to(current.device), cap)

@@ -4,7 +4,7 @@ Before each optimizer step, :class:`DriftRefresh` reads the drift measured on th
 token-level total-variation estimate ``0.5 * mean_t |pi / alpha - 1|`` over its completion tokens (every one,
 masked groups included: the drift does not depend on rewards), taken by the training forward at the minibatch's
 first use (the module writes it to the :class:`~grpolab.handle.PolicyHandle` the data module reads, as a sum and a
-token count), token-weighted over ranks so every rank decides alike (``rollout/drift`` logs the same number). When it passes ``rollout.max_drift`` the buffer ends at that
+token count, and checkpoints it), token-weighted over ranks so every rank decides alike (``rollout/drift`` logs the same number). When it passes ``rollout.max_drift`` the buffer ends at that
 minibatch boundary and the coming step samples a new one from the current policy. ``algo.steps_per_generation``
 stays the latest refresh. The estimate is free (no extra forward) and one update behind: it is the drift at the
 start of the last step, before that step's update. Theorem 1's bound is in terms of this divergence, so the
@@ -27,28 +27,26 @@ from collections.abc import Callable
 from typing import Any
 
 from grpolab.rollout.buffer import RolloutBuffer
-from grpolab.rollout.settings import RolloutSettings
 
 
 class DriftRefresh:
     """The early-refresh rule and its counters (checkpointed with the rollout state).
 
     Args:
-        settings: validated rollout settings (``refresh``, ``max_drift``).
-        num_iterations: ``algo.num_iterations`` (a buffer ends only between minibatches).
+        max_drift: ``rollout.max_drift`` with ``rollout.refresh=adaptive``; None: the rule is off (``refresh=steps``).
 
     Attributes:
         steps: optimizer steps (steps taken before them) that refreshed early.
         unused_minibatches: minibatches those early refreshes left untrained (their prompts are not reused).
     """
 
-    def __init__(self, settings: RolloutSettings, num_iterations: int) -> None:
-        self.enabled = settings.refresh == "adaptive"
-        self.max_drift = settings.max_drift
-        self.num_iterations = num_iterations
+    def __init__(self, max_drift: float | None) -> None:
+        self.enabled = max_drift is not None
+        self.max_drift = max_drift
         self.steps: list[int] = []
         self.unused_minibatches = 0
         self.last = math.nan  # the drift read before the current step
+        self._saved: tuple[float, int] | float | None = None  # an older checkpoint's drift, read once after resume
 
     def before_step(self, step: int, buffer: RolloutBuffer, measured: tuple[float, int] | float | None,
                     sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] | None = None) -> float:
@@ -57,7 +55,7 @@ class DriftRefresh:
 
         Args:
             step: the coming optimizer step.
-            buffer: the buffer being served.
+            buffer: the buffer being served (ended at a minibatch boundary of its schedule).
             measured: this rank's ``(sum, tokens)`` (:func:`grpolab.algo.diagnostics.drift_sum`); a float from a
                 checkpoint of an older version counts as one token.
             sum_over_ranks: sums a dict of floats over the data-parallel ranks (a collective every rank calls at the
@@ -66,6 +64,8 @@ class DriftRefresh:
                 rule reads and ``rollout/drift`` logs.
         """
         self.last = math.nan
+        if measured is None:
+            measured, self._saved = self._saved, None
         if not self.enabled or buffer.position == 0 or measured is None:
             return self.last
         total, tokens = (float(measured), 1) if isinstance(measured, (int, float)) else measured
@@ -73,7 +73,7 @@ class DriftRefresh:
         summed = sum_over_ranks(local) if sum_over_ranks is not None else local
         drift = summed["sum"] / summed["tokens"] if summed["tokens"] > 0 else 0.0
         self.last = drift
-        if buffer.has_pending() and buffer.position % self.num_iterations == 0 and drift > self.max_drift:
+        if buffer.at_minibatch_boundary() and drift > self.max_drift:
             self.unused_minibatches += buffer.end_early()
             self.steps.append(step)
         return drift
@@ -93,6 +93,9 @@ class DriftRefresh:
     def state_dict(self) -> dict[str, Any]:
         return {"steps": list(self.steps), "unused_minibatches": self.unused_minibatches}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], saved_drift: tuple[float, int] | float | None = None) -> None:
+        """Restore :meth:`state_dict`. ``saved_drift``: the drift a checkpoint of an older version kept in the rollout
+        state (the module keeps it now); the first step after the resume reads it when the module has none."""
         self.steps = list(state.get("steps", []))
         self.unused_minibatches = int(state.get("unused_minibatches", 0))
+        self._saved = saved_drift

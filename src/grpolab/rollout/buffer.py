@@ -1,12 +1,12 @@
-"""Rollout minibatches, and the buffer that owns the schedule of one sampler refresh.
+"""Rollout minibatches, and the buffer that serves the minibatches of one sampler refresh.
 
 A :class:`Minibatch` holds everything one optimizer step needs about its completions: group ids,
 prompt/completion ids and masks, truncation flags, rewards, advantages, the loss mask, the sampler's and the
-reference's per-token log-probs when they are needed, and the policy version that sampled it.
+reference's per-token log-probs when they are needed, the policy version that sampled it and the reference
+version that scored it.
 
-A :class:`RolloutBuffer` holds the ``k = steps_per_generation`` minibatches of one refresh and serves each of
-them ``i = num_iterations`` times in a row: minibatch ``j`` serves steps ``j*i .. (j+1)*i - 1`` of the buffer.
-It is the only place that knows this k x i schedule; everything else asks it.
+A :class:`RolloutBuffer` holds the ``k = steps_per_generation`` minibatches of one refresh and serves them on its
+:class:`~grpolab.rollout.schedule.Schedule` (each ``i = num_iterations`` times in a row), setting each one's lag.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from grpolab.rollout.schedule import Schedule
 
 
 @dataclass
@@ -25,7 +27,9 @@ class Minibatch:
     [B, L] bool, ``truncated`` [B] bool, ``group_ids`` [B] long (one id per prompt uid), ``rewards`` [B]
     float (NaN = unscorable, excluded from baseline and loss), ``advantages`` [B] float, ``zero_std`` [B]
     bool, ``loss_mask`` [B, L] float, ``sampler_logp`` [B, L] (log alpha) or None, ``ref_logp`` [B, L] or
-    None. ``round`` is the sampler refresh this came from; ``index`` its position in the buffer (its lag in
+    None. ``reference_version`` is the reference whose log-probs ``ref_logp`` holds (the optimizer step whose policy
+    weights the reference held: :attr:`~grpolab.handle.PolicyHandle.reference_version`). ``round`` is the sampler
+    refresh this came from; ``index`` its position in the buffer (its lag in
     optimizer steps, divided by num_iterations); ``iteration`` which of its ``num_iterations`` uses this is.
     ``policy_version`` is the optimizer step whose weights sampled it; ``lag`` is set when the buffer serves it:
     the optimizer steps between those weights and the step that trains on it (:func:`lag`).
@@ -56,6 +60,7 @@ class Minibatch:
     sampler_logp_from_engine: bool = False
     lag: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    reference_version: int = 0
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -89,9 +94,7 @@ class RolloutBuffer:
     """The minibatches of the current sampler refresh and the position in its k x i schedule.
 
     Args:
-        steps_per_generation: k, minibatches per refresh.
-        num_iterations: i, consecutive optimizer steps per minibatch.
-        max_lag: the largest :func:`lag` a served minibatch may have; None = no bound.
+        schedule: the k x i schedule (and ``max_lag``) the minibatches are served on.
 
     Attributes:
         minibatches: the k minibatches of the current refresh (empty before the first).
@@ -99,26 +102,23 @@ class RolloutBuffer:
         rounds: refreshes so far (the next refresh's round index).
     """
 
-    def __init__(self, steps_per_generation: int, num_iterations: int, max_lag: int | None = None) -> None:
-        self.steps_per_generation = steps_per_generation
-        self.num_iterations = num_iterations
-        self.max_lag = max_lag
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
         self.minibatches: list[Minibatch] = []
         self.position = 0
         self.rounds = 0
 
-    @property
-    def steps_per_buffer(self) -> int:
-        """k x i: optimizer steps one refresh serves."""
-        return self.steps_per_generation * self.num_iterations
-
     def needs_refresh(self) -> bool:
         """True before the first refresh and once every step of the current one was served."""
-        return not self.minibatches or self.position >= self.steps_per_buffer
+        return not self.minibatches or self.position >= self.schedule.steps_per_buffer
 
     def has_pending(self) -> bool:
         """True while steps of the current refresh remain to be served."""
-        return bool(self.minibatches) and self.position < self.steps_per_buffer
+        return bool(self.minibatches) and self.position < self.schedule.steps_per_buffer
+
+    def at_minibatch_boundary(self) -> bool:
+        """True when steps remain and the next one is a minibatch's first use (where a buffer may end early)."""
+        return self.has_pending() and self.schedule.at_minibatch_boundary(self.position)
 
     def fill(self, minibatches: list[Minibatch]) -> None:
         """Start serving a new refresh.
@@ -126,9 +126,9 @@ class RolloutBuffer:
         Raises:
             ValueError: unless there are exactly k minibatches.
         """
-        if len(minibatches) != self.steps_per_generation:
-            raise ValueError(f"a refresh must hold algo.steps_per_generation={self.steps_per_generation} minibatches, "
-                             f"got {len(minibatches)}")
+        k = self.schedule.steps_per_generation
+        if len(minibatches) != k:
+            raise ValueError(f"a refresh must hold algo.steps_per_generation={k} minibatches, got {len(minibatches)}")
         self.minibatches = list(minibatches)
         self.position = 0
         self.rounds += 1
@@ -142,12 +142,13 @@ class RolloutBuffer:
         """
         if not self.has_pending():
             raise RuntimeError("RolloutBuffer.next: no step left in this refresh; fill() it first")
-        mb = self.minibatches[self.position // self.num_iterations]
-        mb.iteration = self.position % self.num_iterations
+        mb = self.minibatches[self.schedule.minibatch(self.position)]
+        mb.iteration = self.schedule.iteration(self.position)
         mb.lag = lag(step, mb.policy_version)
-        if self.max_lag is not None and mb.lag > self.max_lag:
+        max_lag = self.schedule.max_lag
+        if max_lag is not None and mb.lag > max_lag:
             raise RuntimeError(f"step {step}: minibatch sampled at policy version {mb.policy_version} has lag "
-                               f"{mb.lag} > rollout.max_lag={self.max_lag}")
+                               f"{mb.lag} > rollout.max_lag={max_lag}")
         self.position += 1
         return mb
 
@@ -155,12 +156,12 @@ class RolloutBuffer:
         """The minibatches that later steps still use (the current one too while it has iterations left).
 
         Example:
-            >>> b = RolloutBuffer(3, 1); b.minibatches, b.position = ["a", "b", "c"], 1; b.remaining()
+            >>> b = RolloutBuffer(Schedule(3, 1)); b.minibatches, b.position = ["a", "b", "c"], 1; b.remaining()
             ['b', 'c']
-            >>> b = RolloutBuffer(2, 2); b.minibatches, b.position = ["a", "b"], 1; b.remaining()
+            >>> b = RolloutBuffer(Schedule(2, 2)); b.minibatches, b.position = ["a", "b"], 1; b.remaining()
             ['a', 'b']
         """
-        return list(self.minibatches[self.position // self.num_iterations:]) if self.has_pending() else []
+        return list(self.minibatches[self.schedule.minibatch(self.position):]) if self.has_pending() else []
 
     def end_early(self) -> int:
         """Serve nothing more of this refresh (the next step refreshes); returns the minibatches left unused.
@@ -168,10 +169,10 @@ class RolloutBuffer:
         Raises:
             RuntimeError: if called inside a minibatch's ``num_iterations`` uses.
         """
-        if self.position % self.num_iterations:
+        if not self.schedule.at_minibatch_boundary(self.position):
             raise RuntimeError("RolloutBuffer.end_early: only at a minibatch boundary")
         unused = len(self.remaining())
-        self.position = self.steps_per_buffer
+        self.position = self.schedule.steps_per_buffer
         return unused
 
     def state_dict(self) -> dict[str, Any]:
@@ -180,8 +181,13 @@ class RolloutBuffer:
 
     def load_state_dict(self, state: dict[str, Any], keep_minibatches: bool = True) -> None:
         """Restore :meth:`state_dict`; ``keep_minibatches=False`` keeps only the round count (the saved rows were
-        dropped: the next step samples a new refresh)."""
-        self.minibatches = [Minibatch.from_dict(d) for d in state["buffer"]] if keep_minibatches else []
+        dropped: the next step samples a new refresh).
+
+        A checkpoint written before minibatches carried ``reference_version`` holds ``ref_refreshed_at``, the step of
+        the reference's last refresh: every minibatch still to be served had been scored by that reference.
+        """
+        scored_by = {"reference_version": state.get("ref_refreshed_at", 0)}
+        self.minibatches = [Minibatch.from_dict({**scored_by, **d}) for d in state["buffer"]] if keep_minibatches else []
         self.position = state["position"] if keep_minibatches else 0
         self.rounds = state["rounds"]
 
@@ -189,4 +195,5 @@ class RolloutBuffer:
     def saved_has_pending(state: dict[str, Any], num_iterations: int) -> bool:
         """Whether a saved state (:meth:`state_dict`) still has steps to serve. ``position`` counts steps, up to
         ``len(buffer) * num_iterations``, not minibatches."""
-        return bool(state.get("buffer")) and state.get("position", 0) < len(state["buffer"]) * num_iterations
+        saved = Schedule(len(state.get("buffer") or []), num_iterations)
+        return bool(state.get("buffer")) and state.get("position", 0) < saved.steps_per_buffer

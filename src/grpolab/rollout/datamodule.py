@@ -1,11 +1,8 @@
-"""RolloutDataModule: the Lightning glue around the rollout buffer.
+"""RolloutDataModule: the Lightning glue around the rollout buffer, and the composer of its parts' checkpoint states.
 
-The training dataloader yields tickets; the real minibatch is made in ``on_before_batch_transfer``, which
-Lightning calls right before each training step, after the previous optimizer step (its fetcher reads one batch
-ahead, so sampling inside the dataset iterator would use the policy of one step too early). The schedule lives in
-:class:`~grpolab.rollout.buffer.RolloutBuffer`, the sampling in a refresh strategy
-(:mod:`grpolab.rollout.refresh`). Validation batches are sampled here too, on the live policy, and handed to the
-module as scored samples.
+The training dataloader yields tickets; the real minibatch is made in ``on_before_batch_transfer``, right before each
+training step, after the previous optimizer step (Lightning's fetcher reads one batch ahead). The buffer serves them
+on its :class:`~grpolab.rollout.schedule.Schedule`; a refresh strategy (:mod:`grpolab.rollout.refresh`) samples them.
 """
 
 from __future__ import annotations
@@ -22,14 +19,14 @@ from torch.utils.data import DataLoader, IterableDataset
 from grpolab.config import GRPOConfig
 from grpolab.distributed import sum_floats_over_ranks
 from grpolab.handle import PolicyHandle
+from grpolab.rank_state import with_rollout_ranks
 from grpolab.rollout.adaptive import DriftRefresh
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engines.base import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder, check_split_sizes
-from grpolab.rollout.reference import refresh_reference_if_due
 from grpolab.rollout.refresh import SyncRefresh, make_refresh
-from grpolab.rollout.resume import load_rollout_state, rollout_state, rollout_summary
+from grpolab.rollout.resume import buffer_settings, resumable_state
 from grpolab.rollout.sampler import SamplerPolicy
 from grpolab.rollout.settings import RolloutSettings
 
@@ -50,7 +47,8 @@ def _identity(batch: Any) -> Any:  # collate_fn: batches are made in on_before_b
 
 
 class RolloutDataModule(L.LightningDataModule):
-    """Produces GRPO minibatches from the live policy, and scored validation samples from held-out rows.
+    """Produces GRPO minibatches from the live policy, and scored validation samples from held-out rows. Call
+    :meth:`connect` before ``trainer.fit``.
 
     Args:
         task: a :class:`~grpolab.tasks.base.Task`.
@@ -62,10 +60,7 @@ class RolloutDataModule(L.LightningDataModule):
         val_batch_size: held-out prompts per validation batch.
         val_num_generations: samples per held-out prompt (mean@n at the training temperature), plus one greedy.
         resume_drop_buffer: on resume with settings that shape the saved buffer changed, drop it instead of refusing.
-        val_max_prompts: periodic validation scores only the first N rows of the val split (None = all), so a val
-            split made large for selection (``final_eval.split=val``) does not make every validation as large.
-
-    Call :meth:`connect` before ``trainer.fit``.
+        val_max_prompts: periodic validation scores only the first N rows of the val split (None = all).
     """
 
     def __init__(self, task: Any, verifier: Any, engine: GenerationEngine, cfg: GRPOConfig,
@@ -77,21 +72,20 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"val.num_generations must be >= 1, got {val_num_generations}")
         if val_max_prompts is not None and val_max_prompts < 1:
             raise ValueError(f"val.max_prompts must be null or an int >= 1, got {val_max_prompts}")
-        self.val_max_prompts = val_max_prompts
         self.task, self.verifier, self.engine, self.cfg, self.seed = task, verifier, engine, cfg, seed
         self.settings = settings or RolloutSettings()
         self.val_batch_size, self.val_num_generations = val_batch_size, val_num_generations
+        self.val_max_prompts = val_max_prompts
         self.resume_drop_buffer = resume_drop_buffer
         self.models: PolicyHandle | None = None
         self.producer: RolloutProducer | None = None
         self.validation_producer: RolloutProducer | None = None
         self.sampler = SamplerPolicy(engine)
-        self.buffer = RolloutBuffer(cfg.steps_per_generation, cfg.num_iterations, self.settings.max_lag)
+        self.buffer = RolloutBuffer(self.settings.schedule(cfg))
         self.prompts: PromptOrder | None = None
         self.refresh: SyncRefresh | None = None
         self.skipped_rows = {"train": 0, "val": 0}
-        self.ref_refreshed_at = 0  # the step at which the reference last became the policy
-        self.drift_refresh = DriftRefresh(self.settings, cfg.num_iterations)
+        self.drift_refresh = DriftRefresh(self.settings.max_drift if self.settings.refresh == "adaptive" else None)
 
     def connect(self, tokenizer: Any, models: PolicyHandle) -> None:
         """Hand over what is known only once the model spec is built: the tokenizer and the policy handle."""
@@ -128,28 +122,21 @@ class RolloutDataModule(L.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if isinstance(batch, Ticket):
             return self.next_minibatch()
-        return self.validation_samples(batch)  # a list of held-out rows
+        return self.validation_producer.sampled_and_greedy(self.models.policy, batch, self.val_num_generations)  # rows
 
     def next_minibatch(self) -> Minibatch:
         """The minibatch for the coming optimizer step, refilling the buffer when it is used up."""
         step = int(self.trainer.global_step) if self.trainer is not None else 0
-        self.ref_refreshed_at = refresh_reference_if_due(self.models, self.buffer, self.cfg, step, self.ref_refreshed_at,
-                                                         self._precision)
-        strategy = self.trainer.strategy if self.trainer is not None and self.trainer.world_size > 1 else None
-        self.drift_refresh.before_step(step, self.buffer, self.models.drift,
-                                       None if strategy is None else partial(sum_floats_over_ranks, strategy))
+        self.refresh.rescore_reference(self.buffer.remaining())  # the module refreshed its reference since
+        reduce = partial(sum_floats_over_ranks, self.trainer.strategy) if self._rank_world()[1] > 1 else None
+        self.drift_refresh.before_step(step, self.buffer, self.models.drift, reduce)  # may end the buffer early
         if self.buffer.needs_refresh():
             self.buffer.fill(self.refresh.refill(step, self.buffer.rounds))
         self.refresh.before_step(step, self.buffer, self.trainer.max_steps if self.trainer else None)
         mb = self.buffer.next(step)
         mb.metrics = {"time/rollout": self.refresh.time_rollout_s, "time/weight_sync": self.sampler.take_push_time(),
-                      "rollout/sampler_restarts": float(self.sampler.restarts)}
-        mb.metrics.update(self.drift_refresh.metrics())
+                      "rollout/sampler_restarts": float(self.sampler.restarts), **self.drift_refresh.metrics()}
         return mb
-
-    def validation_samples(self, rows: list[dict]) -> dict[str, dict[str, Any]]:
-        """``sampled`` (``val_num_generations`` per row) and ``greedy`` samples of the live policy."""
-        return self.validation_producer.sampled_and_greedy(self.models.policy, rows, self.val_num_generations)
 
     def _rank_world(self) -> tuple[int, int]:
         return (int(self.trainer.global_rank), int(self.trainer.world_size)) if self.trainer is not None else (0, 1)
@@ -168,12 +155,26 @@ class RolloutDataModule(L.LightningDataModule):
         self.teardown()
 
     def summary(self) -> dict[str, Any]:
-        """The rollout side's counters for ``summary.json``."""
-        return rollout_summary(self)
+        """The rollout side's counters for ``summary.json`` (training counts are this rank's)."""
+        return {"sampler_refreshes": int(self.buffer.rounds), **self.sampler.summary(),
+                "async_generation": self.settings.async_generation, **self.refresh.summary(),
+                **self.producer.summary(), **self.validation_producer.summary("val_", ("completions", "unscorable")),
+                "skipped_unscorable_rows": dict(self.skipped_rows), **self.drift_refresh.summary()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The rollout state for exact resume (a collective under DDP/FSDP: see :func:`rollout_state`)."""
-        return rollout_state(self, *self._rank_world())
+        """The parts' states and the buffer settings they were sampled under (under DDP/FSDP a collective)."""
+        return with_rollout_ranks({
+            "prompt_order": self.prompts.state_dict(), **self.buffer.state_dict(), **self.refresh.state_dict(),
+            **self.sampler.state_dict(), "counters": dict(self.producer.counters),
+            "drift_refresh": self.drift_refresh.state_dict(), "settings": buffer_settings(self.cfg)})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_rollout_state(self, state, *self._rank_world())
+        """Restore :meth:`state_dict` into the parts (after ``setup``), as this rank resumes it
+        (:func:`~grpolab.rollout.resume.resumable_state`: a buffer whose settings changed is refused or dropped)."""
+        state, keep = resumable_state(state, self.cfg, *self._rank_world(), self.resume_drop_buffer)
+        self.prompts.load_state_dict(state["prompt_order"])
+        self.buffer.load_state_dict(state, keep_minibatches=keep)
+        self.refresh.load_state_dict(state, keep_in_flight=keep)
+        self.sampler.load_state_dict(state, default_pushes=state["rounds"])
+        self.drift_refresh.load_state_dict(state.get("drift_refresh") or {}, saved_drift=state.get("drift"))
+        self.producer.counters.update(state.get("counters", {}))

@@ -80,6 +80,11 @@ class RolloutProducer:
             other._lock = threading.Lock()
         return other
 
+    def summary(self, prefix: str = "", names: tuple[str, ...] = ("completions", "unscorable", "truncated")
+                ) -> dict[str, int]:
+        """The counters ``names`` for ``summary.json``, each prefixed with ``prefix``."""
+        return {f"{prefix}{k}": self.counters.get(k, 0) for k in names}
+
     def add_counts(self, counters: dict[str, int]) -> None:
         """Add another producer's counts to this one's."""
         with self._lock:
@@ -139,13 +144,15 @@ class RolloutProducer:
         return {"sampled": sampled, "greedy": self.sample(policy, rows, 1, greedy=True)}
 
     def produce(self, policy: Any, reference: Any | None, rows: list[dict], round_index: int,
-                policy_version: int, generator: torch.Generator | None = None) -> list[Minibatch]:
+                policy_version: int, generator: torch.Generator | None = None,
+                reference_version: int = 0) -> list[Minibatch]:
         """Build the ``steps_per_generation`` minibatches of one sampler refresh.
 
         ``rows`` holds ``steps_per_generation x prompts_per_step`` distinct prompts; minibatch ``j`` takes
         the ``j``-th slice. All completions are sampled by the sampler alpha, whose weights are ``policy``'s
         (the live policy, or the copy an engine that owns its weights samples from); its log-probs come from
-        ``policy`` too. ``policy_version`` is the optimizer step those weights are from.
+        ``policy`` too. ``policy_version`` is the optimizer step those weights are from; ``reference_version`` that of
+        ``reference``'s weights (:meth:`add_reference_logp`).
         """
         c = self.cfg
         recompute = self.engine.recompute_sampler_logp or c.vllm_importance_sampling_correction
@@ -191,16 +198,18 @@ class RolloutProducer:
                 mb.sampler_logp = batched_log_probs(policy, mb.tensors(), c.temperature, c.micro_batch_size,
                                                     c.shared_prompt_forward)
             minibatches.append(mb)
-        self.add_reference_logp(minibatches, reference)
+        self.add_reference_logp(minibatches, reference, reference_version)
         return minibatches
 
-    def add_reference_logp(self, minibatches: list[Minibatch], reference: Any | None) -> None:
-        """Fill ``ref_logp`` [B, L] of each minibatch with the reference model's log-probs (no-op without one)."""
+    def add_reference_logp(self, minibatches: list[Minibatch], reference: Any | None, version: int = 0) -> None:
+        """Fill ``ref_logp`` [B, L] of each minibatch with the reference model's log-probs and stamp it with
+        ``reference_version = version`` (the step whose policy weights ``reference`` holds); no-op without one."""
         if reference is None:
             return
         for mb in minibatches:
             mb.ref_logp = batched_log_probs(reference, mb.tensors(), self.cfg.temperature, self.cfg.micro_batch_size,
                                             self.cfg.shared_prompt_forward)
+            mb.reference_version = version
 
 
 def _trim(mb: Minibatch) -> Minibatch:

@@ -3,7 +3,9 @@
 
 * :meth:`SyncRefresh.refill` returns the k minibatches of the next refresh (round ``buffer.rounds``);
 * :meth:`SyncRefresh.before_step` runs before every step, after any refill (async: launch the next buffer,
-  set the thread split);
+  set the thread split), at the points the buffer's :class:`~grpolab.rollout.schedule.Schedule` names;
+* :meth:`SyncRefresh.rescore_reference` re-scores the minibatches still to be served once the module has
+  refreshed its reference (``algo.ref_refresh_every``);
 * :meth:`SyncRefresh.state_dict` / :meth:`SyncRefresh.load_state_dict` carry what a checkpoint needs
   (async: the buffer in flight, regenerated on resume from the saved sampler weights).
 
@@ -47,7 +49,8 @@ class SyncRefresh:
     Args:
         producer: generate -> verify -> advantages -> log-probs.
         sampler: the engine and the version of the weights it holds.
-        models: the live ``policy`` and the ``reference`` (attributes of a :class:`~grpolab.handle.PolicyHandle`).
+        models: a :class:`~grpolab.handle.PolicyHandle` (the live ``policy``, the ``reference`` and its version); read
+            only.
         train_rows: the training split.
         prompts: the prompt order (shared by all ranks; each rank keeps its own slice).
         seed: the run's seed.
@@ -104,7 +107,8 @@ class SyncRefresh:
                 self.sampler.push(self.models.policy, step)
                 with self.precision():
                     minibatches = self.producer.produce(self.sampler.module(self.models.policy),
-                                                        self.models.reference, rows, round_index, step)
+                                                        self.models.reference, rows, round_index, step,
+                                                        reference_version=self.models.reference_version)
                 break
             except Exception as err:
                 self.prompts.load_state_dict(before[0])
@@ -142,20 +146,35 @@ class SyncRefresh:
             except Exception as err:
                 self._restart_or_raise(step, err)
 
+    def rescore_reference(self, minibatches: list[Minibatch]) -> None:
+        """Re-score ``ref_logp`` of the minibatches that an older reference scored, with the reference the module
+        holds now (it refreshes it every ``algo.ref_refresh_every`` steps): the KL term of every later step is then
+        taken against the new reference, whatever k. One no-grad forward each; refreshes are rare."""
+        version = self.models.reference_version
+        stale = [mb for mb in minibatches if mb.ref_logp is not None and mb.reference_version != version]
+        if stale:
+            with self.precision():
+                self.producer.add_reference_logp(stale, self.models.reference, version)
+
     def before_step(self, step: int, buffer: RolloutBuffer, max_steps: int | None) -> None:
         """Work due before each step once the buffer is filled; nothing for a synchronous refresh."""
 
+    def summary(self) -> dict[str, float]:
+        """``time_generation_s`` and ``time_rollout_s`` for ``summary.json``."""
+        return {"time_generation_s": round(self.time_generation_s, 2), "time_rollout_s": round(self.time_rollout_s, 2)}
+
     def state_dict(self) -> dict[str, Any]:
+        """``time_rollout_s``, ``time_generation_s`` and ``in_flight`` (the buffer being generated; None here)."""
         return {"time_rollout_s": self.time_rollout_s, "time_generation_s": self.time_generation_s,
                 "in_flight": None}
 
-    def load_state_dict(self, state: dict[str, Any], in_flight: dict[str, Any] | None) -> None:
-        """Restore the counters; ``in_flight`` is a buffer that was being generated when the checkpoint was taken.
+    def load_state_dict(self, state: dict[str, Any], keep_in_flight: bool = True) -> None:
+        """Restore :meth:`state_dict`; ``keep_in_flight=False`` drops a saved buffer in flight (its settings changed).
 
         Raises:
-            ValueError: ``in_flight`` is set (only an asynchronous refresh has buffers in flight).
+            ValueError: a buffer in flight is kept (only an asynchronous refresh has buffers in flight).
         """
-        if in_flight is not None:
+        if keep_in_flight and state.get("in_flight") is not None:
             raise ValueError("this checkpoint was written with rollout.async_generation=true (a buffer was in "
                              "flight); resume it with the same setting")
         self.time_rollout_s = state.get("time_rollout_s", 0.0)
@@ -175,7 +194,8 @@ class AsyncRefresh(SyncRefresh):
     for bit.
 
     Args:
-        settings: the validated rollout settings (timeout, push delay, overlap).
+        settings: the validated rollout settings (``generation_timeout_s``); the push delay and the overlap come
+            from the buffer's :class:`~grpolab.rollout.schedule.Schedule`.
         Others: as :class:`SyncRefresh`.
     """
 
@@ -206,23 +226,24 @@ class AsyncRefresh(SyncRefresh):
         job, self._job, self._job_spec = self._job, None, None
         self.producer.add_counts(counters)
         self.time_generation_s += job.finished - job.started
-        self.producer.add_reference_logp(minibatches, self.models.reference)
+        self.producer.add_reference_logp(minibatches, self.models.reference, self.models.reference_version)
         self.time_rollout_s += time.perf_counter() - start
         return minibatches
 
     def before_step(self, step: int, buffer: RolloutBuffer, max_steps: int | None) -> None:
         """Launch the next buffer once the push delay is reached, then set the trainer's threads for this step.
 
-        A next buffer is needed when the current one ends before ``max_steps``: at step ``step + S - position``
-        (S = steps per buffer), or earlier if ``rollout.refresh=adaptive`` ends it; then the buffer launched here
-        is handed over early (:meth:`refill`), and the next launch takes the weights of that step.
+        The schedule says when (:meth:`~grpolab.rollout.schedule.Schedule.push_delay`) and whether the run needs
+        a next buffer (:meth:`~grpolab.rollout.schedule.Schedule.next_buffer_needed`). If ``rollout.refresh=adaptive``
+        ends the current buffer early, the buffer launched here is handed over early (:meth:`refill`), and the
+        next launch takes the weights of that step.
         """
         self._resume_in_flight(step)
-        spb = buffer.steps_per_buffer
-        next_needed = max_steps is None or max_steps < 0 or step + spb - buffer.position < max_steps
-        if self._job is None and buffer.position >= self.settings.push_delay(spb) and next_needed:
+        schedule = buffer.schedule
+        if (self._job is None and buffer.position >= schedule.push_delay()
+                and schedule.next_buffer_needed(step, buffer.position, max_steps)):
             self._launch(step, buffer.rounds)
-        self._balance_threads(step, buffer.position, spb)
+        self._balance_threads(step, buffer.position >= schedule.overlap_end())
 
     def _launch(self, step: int, round_index: int, overlap: bool = True) -> None:
         """Push the policy (version ``step``) and generate refresh ``round_index`` from it in the background.
@@ -273,11 +294,11 @@ class AsyncRefresh(SyncRefresh):
                 self._push(step, functools.partial(self.sampler.restore, state, like=self.models.policy, count=True))
                 self._start_job(spec, overlap=False)
 
-    def _balance_threads(self, step: int, position: int, steps_per_buffer: int) -> None:
+    def _balance_threads(self, step: int, overlap_ended: bool) -> None:
         if self._all_threads is None:
             return
         pending = self._job is not None
-        if pending and position >= self.settings.overlap_end(steps_per_buffer):
+        if pending and overlap_ended:
             start = time.perf_counter()
             self._result(step)  # raises SamplerFailure, naming the step
             self.time_rollout_s += time.perf_counter() - start
@@ -324,10 +345,12 @@ class AsyncRefresh(SyncRefresh):
             in_flight = {**spec, "sampler_weights": weights}
         return {**super().state_dict(), "in_flight": in_flight}
 
-    def load_state_dict(self, state: dict[str, Any], in_flight: dict[str, Any] | None) -> None:
+    def load_state_dict(self, state: dict[str, Any], keep_in_flight: bool = True) -> None:
+        """Restore :meth:`state_dict`; a buffer in flight is regenerated before the next step (unless
+        ``keep_in_flight=False``: its settings changed, it is dropped)."""
         self.time_rollout_s = state.get("time_rollout_s", 0.0)
         self.time_generation_s = state.get("time_generation_s", 0.0)
-        self._restore = in_flight
+        self._restore = state.get("in_flight") if keep_in_flight else None
 
     def close(self, timeout_s: float | None = None) -> None:
         """Join a buffer still in flight (bounded by ``timeout_s``), so no thread samples after the run, and give

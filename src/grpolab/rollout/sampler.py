@@ -81,6 +81,10 @@ class SamplerPolicy:
             self.push_time_s += took
             self._unreported_s += took
 
+    def summary(self) -> dict[str, Any]:
+        """``weight_syncs`` (pushes) and ``time_weight_sync_s`` for ``summary.json``."""
+        return {"weight_syncs": int(self.pushes), "time_weight_sync_s": round(self.push_time_s, 4)}
+
     def state_dict(self) -> dict[str, Any]:
         return {"weight_syncs": self.pushes, "time_weight_sync_s": self.push_time_s, "sampler_version": self.version,
                 "sampler_restarts": self.restarts}

@@ -14,6 +14,7 @@ from hydra.utils import get_class
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
 from grpolab.rollout.engines.base import GenerationEngine
+from grpolab.rollout.schedule import Schedule
 
 
 @dataclass
@@ -28,7 +29,8 @@ class RolloutSettings:
         max_lag: the largest lag (optimizer steps between the policy version that sampled a minibatch and
             the step trained on it) allowed; null = no bound beyond the schedule's. With async generation a
             bound below 2*k*i-1 makes the sampler wait into the current buffer before taking the weights it
-            generates the next buffer from (:meth:`push_delay`). Must be >= k*i-1.
+            generates the next buffer from
+            (:meth:`~grpolab.rollout.schedule.Schedule.push_delay`). Must be >= k*i-1.
         generation_timeout_s: seconds the trainer waits for a background buffer before the run stops with
             an error naming the step (null = wait forever).
         overlap_steps: async: how many training steps of each buffer run beside the generation of the next
@@ -73,7 +75,7 @@ class RolloutSettings:
             raise ConfigError("algo.vllm_importance_sampling_correction=true needs an engine that reports its own "
                               f"log-probs (rollout=vllm); {engine.__name__} samples with the trainer's own forward: "
                               "set algo.vllm_importance_sampling_correction=false or use rollout=vllm")
-        per_buffer = algo.steps_per_generation * algo.num_iterations
+        per_buffer = self.schedule(algo).steps_per_buffer
         if self.max_lag is not None:
             if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < per_buffer - 1:
                 raise ConfigError(f"rollout.max_lag must be null or an integer >= algo.steps_per_generation x "
@@ -98,20 +100,9 @@ class RolloutSettings:
             raise ConfigError(f"rollout.generation_timeout_s must be > 0 or null, got {self.generation_timeout_s!r}")
         return self
 
-    def overlap_end(self, steps_per_buffer: int) -> int:
-        """Position in a buffer from which the trainer has waited for the next buffer and uses every core."""
-        steps = self.overlap_steps if self.overlap_steps is not None else -(-steps_per_buffer // 2)
-        return self.push_delay(steps_per_buffer) + steps
-
-    def push_delay(self, steps_per_buffer: int) -> int:
-        """Steps into buffer r at which the sampler takes the weights for buffer r+1 (async only).
-
-        Buffer r+1 is trained from step (r+1)S to (r+2)S-1 (S = ``steps_per_buffer``); pushing at step
-        rS + d gives lags S-d .. 2S-1-d, so d = 2S-1-max_lag keeps every lag <= max_lag. d = S means no overlap.
-        """
-        if self.max_lag is None:
-            return 0
-        return min(max(0, 2 * steps_per_buffer - 1 - self.max_lag), steps_per_buffer)
+    def schedule(self, algo: GRPOConfig) -> Schedule:
+        """The buffer :class:`~grpolab.rollout.schedule.Schedule` of these settings with ``algo``'s k and i."""
+        return Schedule(algo.steps_per_generation, algo.num_iterations, self.max_lag, self.overlap_steps)
 
 
 def split_rollout_config(rollout: dict[str, Any]) -> tuple[dict[str, Any], RolloutSettings]:
