@@ -32,7 +32,6 @@ import importlib.util
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,41 +43,17 @@ from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingP
 from grpolab.rollout.engines.completions import to_generation
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.engines.vllm_check import check_push
+from grpolab.rollout.engines.vllm_memory import vllm_memory
+from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 from .guards import check_weight_versions
 from .process import RequestPool, ServerClient, ServerError, ServerProcess, free_port
+from .ranks import barrier, probe_from_rank0, rank_world
 from .settings import ServerSettings, check_engine_args, server_args
 from .transport import FilePush, NcclPush
 
 SERVED_NAME = "grpolab-policy"
 STARTUP_CHECKS = 2  # pushes followed by the log-prob probe: the start-up load, and the first reload
-
-
-def _probe_from_rank0(probe: Any, prompts: list[list[int]], temperature: float,
-                      max_tokens: int) -> list[tuple[list[int], list[float]]]:
-    """Rank 0's ``probe(prompts, temperature, max_tokens)`` (the server's samples and log-probs), on every rank: a
-    collective (``broadcast_object_list``); ``probe`` is None on the other ranks."""
-    import torch.distributed as dist
-
-    box = [probe(prompts, temperature, max_tokens) if probe is not None else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _rank_world() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier(timeout_s: float) -> None:
-    """Every rank waits here, bounded by ``timeout_s`` on gloo (the NCCL group's own timeout otherwise)."""
-    dist = torch.distributed
-    if dist.get_backend() == "gloo":
-        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
-    else:
-        dist.barrier()
 
 
 class VLLMServerEngine(GenerationEngine):
@@ -106,7 +81,11 @@ class VLLMServerEngine(GenerationEngine):
     owns_weights = True
     reports_sampler_logp = True
     samples_from_module = False  # no trainer-side module holds the sampler's weights
-    sampler_outside_trainer = True  # the server's memory is on its own devices
+
+    @classmethod
+    def memory_needs(cls, args: dict[str, Any], shape: GenerationShape) -> SamplerMemory:
+        """On its own devices: only the kept push (async) and validation cost the trainer (:func:`vllm_memory`)."""
+        return vllm_memory(args, shape, own_devices=True)
 
     @classmethod
     def check_config(cls, args: dict[str, Any]) -> None:
@@ -156,7 +135,7 @@ class VLLMServerEngine(GenerationEngine):
         self._label: str | None = None  # the weight version the server was promised
         self._version: int | None = None  # the optimizer step of those weights
         self._checks_left = STARTUP_CHECKS
-        self._max_len = 0
+        self.max_len = 0  # the server's context length, read when connecting (0 = unknown)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------ server life cycle
@@ -167,7 +146,7 @@ class VLLMServerEngine(GenerationEngine):
         """Start the server on ``state`` (rank 0, no ``rollout.server.url``) or reach the given one; then read its
         length limit and make the weight transport (rank 0)."""
         s = self.settings
-        rank, world = _rank_world()
+        rank, world = rank_world()
         url = s.url
         if url is None and rank == 0:
             url = self._start(model, state)
@@ -184,7 +163,7 @@ class VLLMServerEngine(GenerationEngine):
             time.sleep(0.5)
         models = self.client.call("/v1/models", None, s.request_timeout_s)["data"]
         self._model_name = models[0]["id"]
-        self._max_len = int(models[0].get("max_model_len") or 0)
+        self.max_len = int(models[0].get("max_model_len") or 0)
         self._pool = RequestPool(s.max_in_flight, "vllm-server-request")
         if rank == 0:
             if s.transport(torch.cuda.is_available()) == "nccl":
@@ -254,17 +233,17 @@ class VLLMServerEngine(GenerationEngine):
     def _state_for_push(self, model: Any) -> dict[str, torch.Tensor] | None:
         from grpolab.distributed import is_sharded
 
-        rank, _ = _rank_world()
+        rank, _ = rank_world()
         if rank == 0 or is_sharded(model) or self.keep_sampler_weights:
             return full_policy_state(model)  # a collective under FSDP: every rank calls it
         return None
 
     def _push(self, model: Any, state: dict[str, torch.Tensor] | None, label: str, version: int | None,
               check: bool = True) -> None:
-        rank, world = _rank_world()
+        rank, world = rank_world()
         self._version = version
         if world > 1:  # every rank has finished sampling with the old weights before they change
-            _barrier(self.settings.push_timeout_s)
+            barrier(self.settings.push_timeout_s)
         if self.keep_sampler_weights and state is not None:
             self._kept = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
         t0 = time.perf_counter()
@@ -280,7 +259,7 @@ class VLLMServerEngine(GenerationEngine):
         if rank == 0:
             self.push_seconds.append(time.perf_counter() - t0)
         if world > 1:
-            _barrier(self.settings.push_timeout_s)
+            barrier(self.settings.push_timeout_s)
         self._label = label
         self.weight_pushes += 1
         if self._checks_left > 0 and check:
@@ -296,8 +275,8 @@ class VLLMServerEngine(GenerationEngine):
         if rank != 0 and not sharded:
             return
         self._checks_left -= 1
-        sample = self._probe if not sharded else functools.partial(_probe_from_rank0, self._probe if rank == 0 else None)
-        check_push(self, model, sample=sample, what=f"the vLLM server at {self.client.url}")
+        sample = self.probe if not sharded else functools.partial(probe_from_rank0, self.probe if rank == 0 else None)
+        check_push(self, model, sample=sample)
 
     def _transport_push(self, state: dict[str, torch.Tensor], label: str) -> None:
         try:
@@ -365,7 +344,13 @@ class VLLMServerEngine(GenerationEngine):
                 raise self._fail(err, f"sampling from the vLLM server at {self.client.url} failed") from err
         return [f.result() for f in futures]
 
-    def _probe(self, prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list]]:
+    @property
+    def probe_name(self) -> str:
+        """How the start-up check's error names this engine."""
+        return f"the vLLM server at {self.client.url if self.client else self.settings.url}"
+
+    def probe(self, prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list]]:
+        """The start-up check's sampler: ``max_tokens`` tokens per prompt (stop ids ignored, seed 0), log-probs."""
         params = SamplingParams(temperature=temperature, max_new_tokens=max_tokens)
         return self._run([self._body(p, params, seed=0, ignore_eos=True) for p in prompts])
 
@@ -385,9 +370,9 @@ class VLLMServerEngine(GenerationEngine):
             if self.client is None:
                 self._push(model, self._state_for_push(model), "start", None)
         for i, p in enumerate(prompts):
-            if self._max_len and len(p) + params.max_new_tokens > self._max_len:
+            if self.max_len and len(p) + params.max_new_tokens > self.max_len:
                 raise ValueError(f"prompt {i} has {len(p)} tokens + algo.max_completion_length="
-                                 f"{params.max_new_tokens} > the server's max_model_len={self._max_len}")
+                                 f"{params.max_new_tokens} > the server's max_model_len={self.max_len}")
         g = params.generator  # None = torch's global RNG, which the data module seeds at every refresh
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=g,
                               device=g.device if g is not None else None).tolist()
