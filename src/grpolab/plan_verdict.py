@@ -44,13 +44,14 @@ def parse_size(value: Any, key: str = "plan.device_memory") -> int | None:
     return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
-def _with(cfg: DictConfig, changes: dict[str, Any]) -> DictConfig | None:
-    """A copy of ``cfg`` with ``changes`` (dotted key -> value); None when a key is missing or names a config group."""
+def _with(cfg: DictConfig, changes: dict[str, Any], replace: bool = False) -> DictConfig | None:
+    """A copy of ``cfg`` with ``changes`` (dotted key -> value); None when a key is missing or names a config group,
+    unless ``replace`` (then the value is set whatever was there)."""
     out = copy.deepcopy(cfg)
     with open_dict(out):
         for key, value in changes.items():
             current = OmegaConf.select(out, key, default="<missing>", throw_on_missing=False)
-            if isinstance(current, str) and current == "<missing>" or OmegaConf.is_config(current):
+            if not replace and (isinstance(current, str) and current == "<missing>" or OmegaConf.is_config(current)):
                 return None
             OmegaConf.update(out, key, value, merge=False)
     return out
@@ -79,9 +80,10 @@ def fitting_settings(cfg: DictConfig, knobs: list[str], replan: Replan) -> list[
         ``"<setting> (<peak> GiB)"`` strings, in the order tried.
     """
     found = []
-    for knob in dict.fromkeys(knobs):
-        if (m := _KNOB.match(knob)) and (peak := _try(replan, _with(cfg, {m[1]: yaml.safe_load(m[2])}))):
-            found.append(f"{m[1]}={m[2]} ({peak / GIB:.1f} GiB)")
+    for setting in dict.fromkeys(m[0] for knob in knobs if (m := _KNOB.match(knob))):
+        key, value = setting.split("=", 1)
+        if peak := _try(replan, _with(cfg, {key: yaml.safe_load(value)})):
+            found.append(f"{setting} ({peak / GIB:.1f} GiB)")
     rows = OmegaConf.select(cfg, "algo.micro_batch_size") or OmegaConf.select(cfg, "algo.per_device_train_batch_size")
     size = int(rows or 1) // 2
     while size >= 1:
@@ -90,9 +92,12 @@ def fitting_settings(cfg: DictConfig, knobs: list[str], replan: Replan) -> list[
             break
         size //= 2
     devices = OmegaConf.select(cfg, "trainer.devices")
+    keep = [f"trainer.{k}={v}" for k, v, default in (("accelerator", OmegaConf.select(cfg, "trainer.accelerator"), "cpu"),
+                                                      ("precision", OmegaConf.select(cfg, "trainer.precision"), "32-true"))
+            if v is not None and str(v) != default]  # conf/trainer/fsdp.yaml is the CPU one: say what to keep
     for n in (d for d in FSDP_DEVICES if not isinstance(devices, int) or d >= devices):
-        if peak := _try(replan, _with(cfg, {"trainer.strategy": "fsdp", "trainer.devices": n})):
-            found.append(f"trainer=fsdp trainer.devices={n} ({peak / GIB:.1f} GiB)")
+        if peak := _try(replan, _with(cfg, {"trainer.strategy": "fsdp", "trainer.devices": n}, replace=True)):
+            found.append(" ".join(["trainer=fsdp", *keep, f"trainer.devices={n}"]) + f" ({peak / GIB:.1f} GiB)")
             break
     return found
 
