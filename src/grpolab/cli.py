@@ -92,7 +92,8 @@ def discard_empty_run_folder() -> Path | None:
     """Remove a single run's Hydra run folder when the run left nothing in it: Hydra's ``.hydra/`` and an empty
     ``<job>.log`` only (``+plan_only=true``, which prints the plan; a run refused by a config error, whose message is
     on stderr). A folder holding anything else (a log line, a checkpoint, a file of the user's) is kept, and so are
-    multirun job folders (a failed job writes ``error.txt`` there). The log file's handler is closed first.
+    multirun job folders (a failed job writes ``error.txt`` there). The log file's handler is closed first, and the
+    parent folders the removal leaves empty below the working directory (``outputs/train/``) go too.
 
     Returns:
         The removed folder, or None.
@@ -112,6 +113,13 @@ def discard_empty_run_folder() -> Path | None:
             handler.close()
             logging.root.removeHandler(handler)
     shutil.rmtree(out, ignore_errors=True)
+    cwd, parent = Path.cwd().resolve(), out.resolve().parent
+    while cwd in parent.parents:  # outputs/train/ left empty under the working directory goes too
+        try:
+            parent.rmdir()
+        except OSError:  # not empty
+            break
+        parent = parent.parent
     return out
 
 

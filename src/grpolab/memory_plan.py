@@ -39,10 +39,11 @@ decoder layer in ``torch.utils.checkpoint``, non-reentrant): the forward keeps o
 in the residual stream's dtype (the weights': float32 weights under bf16 autocast keep a float32 residual); the
 backward recomputes one layer at a time, so one layer's activations (and its backward temporaries) are live on top of
 the kept inputs. The shared-prompt forward is off under checkpointing (it would append to the KV cache twice), so every
-row runs its full prompt.
+row runs its full prompt. Measured (``tests/test_plan_verdict.py``): each further layer adds its input's
+``tokens x h`` exactly, and the plan is 1.4x a checkpointed backward's transient on a small model.
 Checked against the eight rows of ``benchmarks/memory.py``'s 100M-parameter table in the README (the plan is
--3% to +8% of each measured peak RSS, with 115 prompt tokens: the mean longest of two GSM8K prompts) and
-against a tiny training run's peak RSS in ``tests/core/test_memory_plan.py``.
+-8% to +8% of each measured peak RSS, with 115 prompt tokens: the mean longest of two GSM8K prompts; the
+checkpointed rows -8% to +5%) and against a tiny training run's peak RSS in ``tests/test_plan_run.py``.
 
 Checkpoint saves add nothing: :class:`grpolab.checkpoint_io.FileCheckpointIO` (``trainer.plugins``) streams
 them to disk (Lightning's own ``TorchCheckpointIO`` would hold a second copy of the weights and optimizer state,

@@ -191,7 +191,7 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
     checkpointing = bool(model.get("gradient_checkpointing", False))
     if checkpointing:
         notes.append("model.gradient_checkpointing=true: activations hold each layer's input and one layer recomputed "
-                     "at a time (with the prompts run once per row)")
+                     "at a time (every row runs its whole prompt: no shared-prompt forward)")
     policy_bytes = parameter_count(shape) * param_bytes + (
         lora_parameter_count(shape, lora.r, targets) * adapter_bytes if lora.r else 0)
     engine, engine_args = sampler_engine(rollout)
