@@ -25,6 +25,7 @@ from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.engines.vllm import VLLMGenerationEngine
 from grpolab.rollout.engines.vllm_check import CheckedEngine, check_push
 from grpolab.rollout.engines.vllm_server.engine import VLLMServerEngine
+from grpolab.run import build
 from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 
@@ -148,12 +149,18 @@ def test_sleep_and_wake_are_the_vllm_engines_own():
     assert callable(VLLMGenerationEngine.sleep) and callable(VLLMGenerationEngine.wake)
 
 
-def test_hf_config_checks_are_the_hf_engines_own():
+def test_each_engine_checks_its_own_keys_before_any_model(tmp_path):
     with pytest.raises(ConfigError, match="rollout.cache_implementation must be one of dynamic, preallocated"):
         HFGenerationEngine.check_config({"cache_implementation": "static"})
     with pytest.raises(ConfigError, match="rollout.generation_batch_size"):
         HFSamplerCopyEngine.check_config({"generation_batch_size": 0})
     VLLMGenerationEngine.check_config({"cache_implementation": "static"})  # not an argument of vLLM's: not read
+    # the in-process vLLM engine's knobs, refused by preflight (before vLLM is even looked for, and before any model)
+    for override, key in (("rollout.gpu_memory_utilization=1.5", "gpu_memory_utilization"),
+                          ("rollout.max_num_seqs=0", "max_num_seqs"), ("rollout.enable_sleep_mode=maybe", "enable_sleep")):
+        with pytest.raises(ConfigError, match=f"rollout.{key}"):
+            build(compose_train_cfg(tmp_path, ["rollout=vllm", override]))
+    assert not (tmp_path / "cache").exists()
 
 
 class ProbedCopyEngine(HFSamplerCopyEngine):

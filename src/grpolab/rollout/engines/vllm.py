@@ -28,7 +28,6 @@ deterministic and a resumed run samples what the original run sampled.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import tempfile
@@ -47,7 +46,7 @@ from grpolab.rollout.engines.vllm_check import (
     _set_numpy_rng_state,
     check_push,
 )
-from grpolab.rollout.engines.vllm_memory import CPU_DEFAULT_KV_CACHE_BYTES, vllm_memory
+from grpolab.rollout.engines.vllm_knobs import CPU_DEFAULT_KV_CACHE_BYTES, check_vllm_knobs, vllm_memory
 from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 log = logging.getLogger(__name__)
@@ -135,8 +134,14 @@ class VLLMGenerationEngine(GenerationEngine):
 
     @classmethod
     def memory_needs(cls, args: dict[str, Any], shape: GenerationShape) -> SamplerMemory:
-        """In the training process, reserved at start: :func:`~grpolab.rollout.engines.vllm_memory.vllm_memory`."""
+        """In the training process, reserved at start: :func:`~grpolab.rollout.engines.vllm_knobs.vllm_memory`."""
         return vllm_memory(args, shape)
+
+    @classmethod
+    def check_config(cls, args: dict[str, Any]) -> None:
+        """Refuse a vLLM knob that cannot work before any model is built (:func:`check_vllm_knobs`; the constructor
+        checks the same)."""
+        check_vllm_knobs(args)
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, gpu_memory_utilization: float = 0.3,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None, enable_sleep_mode: bool = False,
@@ -145,21 +150,9 @@ class VLLMGenerationEngine(GenerationEngine):
                  max_num_seqs: int | None = None) -> None:
         if not stop_token_ids:
             raise ValueError("rollout: at least one stop token id is needed")
-        if not (0 < gpu_memory_utilization <= 1):
-            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        if not (isinstance(tensor_parallel_size, int) and tensor_parallel_size >= 1):
-            raise ValueError(f"rollout.tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
-        if max_model_len is not None and not (isinstance(max_model_len, int) and max_model_len >= 2):
-            raise ValueError(f"rollout.max_model_len must be null or an int >= 2, got {max_model_len!r}")
-        if dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"rollout.dtype must be auto|float32|bfloat16|float16, got {dtype!r}")
-        if kv_cache_memory_bytes is not None and not (isinstance(kv_cache_memory_bytes, int)
-                                                      and kv_cache_memory_bytes > 0):
-            raise ValueError(f"rollout.kv_cache_memory_bytes must be null or an int > 0, got {kv_cache_memory_bytes!r}")
-        if sync_check_tolerance is not None and not (math.isfinite(sync_check_tolerance) and sync_check_tolerance > 0):
-            raise ValueError(f"rollout.sync_check_tolerance must be null or a number > 0, got {sync_check_tolerance!r}")
-        if max_num_seqs is not None and not (isinstance(max_num_seqs, int) and max_num_seqs >= 1):
-            raise ValueError(f"rollout.max_num_seqs must be null or an int >= 1, got {max_num_seqs!r}")
+        self.check_config(dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+                               max_model_len=max_model_len, dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                               sync_check_tolerance=sync_check_tolerance, max_num_seqs=max_num_seqs))
         self.vllm = import_vllm()
         from vllm.platforms import current_platform
 

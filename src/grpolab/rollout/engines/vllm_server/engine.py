@@ -43,7 +43,7 @@ from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingP
 from grpolab.rollout.engines.completions import to_generation
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.engines.vllm_check import check_push
-from grpolab.rollout.engines.vllm_memory import vllm_memory
+from grpolab.rollout.engines.vllm_knobs import vllm_memory
 from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 from .guards import check_weight_versions

@@ -1,16 +1,50 @@
-"""The memory the vLLM engines declare to the plan (:meth:`GenerationEngine.memory_needs
-<grpolab.rollout.engines.base.GenerationEngine.memory_needs>`), from their ``rollout.*`` knobs alone: pure
-arithmetic, nothing imports vLLM."""
+"""The in-process vLLM engine's ``rollout.*`` knobs before any engine exists: their checks (``check_config``) and the
+memory both vLLM engines declare to the plan (:meth:`GenerationEngine.memory_needs
+<grpolab.rollout.engines.base.GenerationEngine.memory_needs>`). Pure: nothing imports vLLM."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
+from grpolab.errors import ConfigError
 from grpolab.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither rollout.kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE is set
 SERVER_NOTE = "the sampler server's own memory is on its own devices: not planned here"
+
+
+def check_vllm_knobs(args: dict[str, Any]) -> None:
+    """Check ``rollout=vllm``'s knobs: ``gpu_memory_utilization`` in (0, 1], ``tensor_parallel_size`` >= 1,
+    ``max_model_len`` >= 2, ``dtype``, ``kv_cache_memory_bytes`` > 0, ``sync_check_tolerance`` > 0, ``max_num_seqs``
+    >= 1 (each may be null but the first two), ``enable_sleep_mode`` a bool.
+
+    Raises:
+        ConfigError: naming ``rollout.<key>``.
+    """
+    def positive_int(key: str, low: int) -> bool:
+        v = args.get(key)
+        return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= low)
+
+    gmu, tp, tol = args.get("gpu_memory_utilization", 0.3), args.get("tensor_parallel_size", 1), \
+        args.get("sync_check_tolerance")
+    for ok, key, rule, value in (
+            (isinstance(gmu, int | float) and not isinstance(gmu, bool) and 0 < gmu <= 1,
+             "gpu_memory_utilization", "in (0, 1]", gmu),
+            (isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1, "tensor_parallel_size", "an int >= 1", tp),
+            (positive_int("max_model_len", 2), "max_model_len", "null or an int >= 2", args.get("max_model_len")),
+            (args.get("dtype", "auto") in ("auto", "float32", "bfloat16", "float16"), "dtype",
+             "auto|float32|bfloat16|float16", args.get("dtype")),
+            (positive_int("kv_cache_memory_bytes", 1), "kv_cache_memory_bytes", "null or an int > 0",
+             args.get("kv_cache_memory_bytes")),
+            (tol is None or (isinstance(tol, int | float) and math.isfinite(tol) and tol > 0),
+             "sync_check_tolerance", "null or a number > 0", tol),
+            (positive_int("max_num_seqs", 1), "max_num_seqs", "null or an int >= 1", args.get("max_num_seqs")),
+            (isinstance(args.get("enable_sleep_mode", False), bool), "enable_sleep_mode", "true or false",
+             args.get("enable_sleep_mode"))):
+        if not ok:
+            raise ConfigError(f"rollout.{key} must be {rule}, got {value!r}")
 
 
 def vllm_memory(args: dict[str, Any], shape: GenerationShape, own_devices: bool = False) -> SamplerMemory:
