@@ -63,7 +63,7 @@ def _try(replan: Replan, cfg: DictConfig | None) -> int | None:
         return None
     try:
         peak, budget = replan(cfg)
-    except (ValueError, TypeError):  # a combination the checks refuse is no way to fit
+    except Exception:  # noqa: BLE001 - a combination the checks refuse (or cannot read) is no way to fit: not offered
         return None
     return peak if peak is not None and budget is not None and peak <= budget else None
 
