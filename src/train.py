@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
-from grpolab.cli import check_overrides, report_user_errors  # noqa: E402
+from grpolab.cli import check_overrides, discard_empty_run_folder, report_user_errors  # noqa: E402
 from grpolab.console import guard_console  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -49,6 +49,7 @@ def main(cfg: DictConfig) -> float | None:
 
         if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
             print_plan(cfg)
+            discard_empty_run_folder()  # the plan is on stdout: no run folder with an empty train.log
             return None
         summary = task_wrapper(_train)(cfg)
     if summary is not None and summary.get("failed"):  # a sampler failure: outputs saved, one line, exit 1

@@ -23,6 +23,9 @@ from grpolab.memory_plan import (
 )
 from grpolab.plan_check import make_plan
 from grpolab.random_init import random_from_architecture
+from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
+from grpolab.rollout.engines.vllm import VLLMGenerationEngine
+from grpolab.sampler_memory import GenerationShape
 
 # h=8, i=16, 2 layers, 2 heads of 4 (1 kv head: kv_dim 4), 10 tokens.
 SMALL = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -60,9 +63,12 @@ def test_lora_count_matches_peft(targets):
 
 def test_terms_by_hand_full_finetuning_fp32():
     shape = ModelShape.from_mapping(SMALL)
-    plan = plan_memory(PlanInputs(shape=shape, param_bytes=4, compute_bytes=4, beta=0.04, sampler="copy",
+    # the sampler as rollout=hf_copy declares it: a copy of the policy, 3 sequences of 3 + 2 tokens decoded at once
+    copy = HFSamplerCopyEngine.memory_needs({}, GenerationShape(model=shape, weight_bytes=4, policy_bytes=1304 * 4,
+                                                                compute_bytes=4, train_rows=3, tokens=5))
+    plan = plan_memory(PlanInputs(shape=shape, param_bytes=4, compute_bytes=4, beta=0.04, sampler=copy,
                                   fused_optimizer=False, completions_per_step=4, num_generations=2,
-                                  generation_rows=3, prompt_length=3, completion_length=2, max_steps=10,
+                                  prompt_length=3, completion_length=2, max_steps=10,
                                   steps_per_buffer=3, shared_prompt_forward=False))
     t = plan.terms
     assert t["weights"] == t["gradients"] == t["reference"] == t["sampler"] == 1304 * 4 == 5216
@@ -80,8 +86,10 @@ def test_terms_by_hand_full_finetuning_fp32():
 
 def test_lora_bf16_mixed_and_no_reference():
     shape = ModelShape.from_mapping(SMALL)
+    copy = HFSamplerCopyEngine.memory_needs({}, GenerationShape(model=shape, weight_bytes=2, compute_bytes=2,
+                                                                policy_bytes=1304 * 2 + 512 * 4, async_generation=True))
     plan = plan_memory(PlanInputs(shape=shape, param_bytes=2, compute_bytes=2, autocast=True, adapter_bytes=4,
-                                  lora_r=2, beta=0.04, async_generation=True, sampler="copy", max_steps=10))
+                                  lora_r=2, beta=0.04, async_generation=True, sampler=copy, max_steps=10))
     t = plan.terms
     assert t["weights"] == 1304 * 2 + 512 * 4 and t["reference"] == 0  # the reference is the base, adapters off
     assert t["gradients"] == 512 * 4 and t["optimizer"] == 2 * 512 * 4  # PEFT keeps adapters in float32
@@ -103,9 +111,13 @@ def test_fsdp_divides_and_ddp_adds_buckets():
 
 def test_vllm_share_on_gpu_and_cpu_space():
     shape = ModelShape.from_mapping(SMALL)
-    gpu = plan_memory(PlanInputs(shape=shape, sampler="vllm", vllm_bytes=int(0.3 * 80 * GIB), generation_rows=0))
+    # rollout=vllm's own declaration: its share of a known GPU, else a weight copy plus its KV-cache space
+    on_gpu = GenerationShape(model=shape, on_gpu=True, device_bytes=80 * GIB)
+    gpu = plan_memory(PlanInputs(shape=shape, sampler=VLLMGenerationEngine.memory_needs(
+        {"gpu_memory_utilization": 0.3}, on_gpu)))
     assert gpu.terms["sampler"] == int(0.3 * 80 * GIB) and gpu.terms["kv_cache"] == 0
-    cpu = plan_memory(PlanInputs(shape=shape, sampler="vllm", vllm_kv_bytes=2 * GIB))
+    cpu = plan_memory(PlanInputs(shape=shape, sampler=VLLMGenerationEngine.memory_needs(
+        {"kv_cache_memory_bytes": 2 * GIB}, GenerationShape(model=shape))))
     assert cpu.terms["sampler"] == 1304 * 4 + 2 * GIB
 
 

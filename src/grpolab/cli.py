@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,7 +84,43 @@ def report_user_errors(prog: str) -> Iterator[None]:
         err = user_error(ex)
         if err is None or wants_traceback():
             raise
+        discard_empty_run_folder()  # a run refused before it did anything leaves no folder behind
         fail(prog, str(err))
+
+
+def discard_empty_run_folder() -> Path | None:
+    """Remove a single run's Hydra run folder when the run left nothing in it: Hydra's ``.hydra/`` and an empty
+    ``<job>.log`` only (``+plan_only=true``, which prints the plan; a run refused by a config error, whose message is
+    on stderr). A folder holding anything else (a log line, a checkpoint, a file of the user's) is kept, and so are
+    multirun job folders (a failed job writes ``error.txt`` there). The log file's handler is closed first, and the
+    parent folders the removal leaves empty below the working directory (``outputs/train/``) go too.
+
+    Returns:
+        The removed folder, or None.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return None
+    out = Path(HydraConfig.get().runtime.output_dir)
+    if not out.is_dir() or any(not ((e.name == ".hydra" and e.is_dir()) or (e.suffix == ".log" and e.is_file()
+                                                                          and e.stat().st_size == 0))
+                               for e in out.iterdir()):
+        return None
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out:
+            handler.close()
+            logging.root.removeHandler(handler)
+    shutil.rmtree(out, ignore_errors=True)
+    cwd, parent = Path.cwd().resolve(), out.resolve().parent
+    while cwd in parent.parents:  # outputs/train/ left empty under the working directory goes too
+        try:
+            parent.rmdir()
+        except OSError:  # not empty
+            break
+        parent = parent.parent
+    return out
 
 
 # ------------------------------------------------------------------------------- overrides of unknown keys

@@ -9,8 +9,8 @@ What a process holds (a Qwen2-style decoder: q/k/v with biases, SwiGLU MLP, RMSN
 * persistent: the weights; AdamW's two moment tensors (``torch.optim.AdamW`` allocates them with
   ``zeros_like(param)``, so they take the parameter's dtype); the reference model (a copy of the weights when
   ``algo.beta > 0`` with full fine-tuning; nothing with ``beta = 0`` or LoRA, whose reference is the base with
-  the adapters off); the sampler (a copy of the weights for ``rollout=hf_copy`` or async generation, vLLM's
-  share for ``rollout=vllm``, nothing in place); DDP's gradient buckets (a second copy of the gradients,
+  the adapters off); the sampler, as its engine declares it (:class:`~grpolab.sampler_memory.SamplerMemory`:
+  a copy of the weights, a reserved cache, a kept push; nothing in place); DDP's gradient buckets (a second copy of the gradients,
   ``gradient_as_bucket_view`` is off); under FSDP the unsharded root (embeddings, head) and two decoder layers
   gathered at a time;
 * the training step: the gradients plus the largest of the activations of one micro-batch, for the
@@ -19,7 +19,8 @@ What a process holds (a Qwen2-style decoder: q/k/v with biases, SwiGLU MLP, RMSN
   lookup's dense gradient exist beside their sum at the end of the backward, when the activations are freed:
   measured 2.0 x ``vocab x hidden`` above the kept gradients on a tied random Qwen2; untied, each gradient
   goes straight to its own ``.grad``);
-* generation: the KV cache of every sequence decoded at once plus the decode step's float32 logits.
+* generation: what the engine holds only while generating (a decode loop's KV cache of every sequence decoded
+  at once plus the decode step's float32 logits; held-out sampling's on the live policy).
 
 Synchronous runs hold the training step and generation at different times (the peak takes the larger);
 ``rollout.async_generation`` overlaps them (the peak takes both).
@@ -31,11 +32,18 @@ log-softmax and the sliced logits' gradient) and 11 under bfloat16 autocast; a d
 ``12 h + 4 i + 2 kv_dim`` elements per token (within 7% of the measurement for h = 256..512,
 i = 512..1408), 3 bytes each on average under 16-bit compute (RMSNorm works in float32; measured 3.07);
 one layer's backward adds ``10 h`` per token; LoRA adds 1.5 elements per output feature of each adapted
-projection (measured 1.44 with all seven adapted; fewer adapted projections measured less). With gradient
-checkpointing a layer keeps only its input and two layers are live at a time (recompute plus its gradients).
+projection (measured 1.44 with all seven adapted; fewer adapted projections measured less).
+
+Gradient checkpointing (``model.gradient_checkpointing``: Hugging Face's ``gradient_checkpointing_enable`` wraps every
+decoder layer in ``torch.utils.checkpoint``, non-reentrant): the forward keeps only each layer's input, ``tokens x h``
+in the residual stream's dtype (the weights': float32 weights under bf16 autocast keep a float32 residual); the
+backward recomputes one layer at a time, so one layer's activations (and its backward temporaries) are live on top of
+the kept inputs. The shared-prompt forward is off under checkpointing (it would append to the KV cache twice), so every
+row runs its full prompt. Measured (``tests/test_plan_verdict.py``): each further layer adds its input's
+``tokens x h`` exactly, and the plan is 1.4x a checkpointed backward's transient on a small model.
 Checked against the eight rows of ``benchmarks/memory.py``'s 100M-parameter table in docs/results/real_shapes.md (the plan is
--3% to +8% of each measured peak RSS, with 115 prompt tokens: the mean longest of two GSM8K prompts) and
-against a tiny training run's peak RSS in ``tests/test_memory_plan.py``.
+-8% to +8% of each measured peak RSS, with 115 prompt tokens: the mean longest of two GSM8K prompts; the
+checkpointed rows -8% to +5%) and against a tiny training run's peak RSS in ``tests/test_plan_run.py``.
 
 Checkpoint saves add nothing: :class:`grpolab.checkpoint_io.FileCheckpointIO` (``trainer.plugins``) streams
 them to disk (Lightning's own ``TorchCheckpointIO`` would hold a second copy of the weights and optimizer state,
@@ -56,9 +64,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpolab.errors import ConfigError
+
+if TYPE_CHECKING:  # the engine's half of the plan; this module only reads its two totals
+    from grpolab.sampler_memory import SamplerMemory
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -187,17 +198,20 @@ def logits_bytes(shape: ModelShape, rows: int, completion_length: int, compute_b
 
 def layer_activation_bytes(shape: ModelShape, rows: int, prompt_length: int, completion_length: int,
                            compute_bytes: int, checkpointing: bool, prompts: int | None = None,
-                           lora_widths: int = 0) -> int:
+                           lora_widths: int = 0, hidden_bytes: int | None = None) -> int:
     """Decoder activations kept for the backward of one micro-batch.
 
     Args:
         rows: completions in the micro-batch. prompt_length, completion_length: tokens per row.
         compute_bytes: 4 (float32) or 2 (16-bit compute, planned at :data:`MIXED_ACTIVATION_BYTES`).
-        checkpointing: only each layer's input is kept, two layers are live during the backward.
+        checkpointing: only each layer's input is kept (``hidden_bytes`` per element), and one recomputed layer is
+            live during the backward (module docstring); the plain forward over every row's full prompt.
         prompts: distinct prompts when the shared-prompt forward runs each prompt once (its KV cache is then
             expanded to every row: ``2 h + 2 kv_dim`` more elements per row and prompt token per layer);
             None = the plain forward over ``rows x (prompt + completion)`` tokens.
         lora_widths: summed output features of the LoRA-adapted projections of one layer (0 = no LoRA).
+        hidden_bytes: bytes per element of the residual stream (the layers' inputs kept under checkpointing);
+            None = the activations' element size.
 
     Returns:
         Bytes. Example: h = 512, i = 1408, 2 kv heads of 64, 16 rows of 64 + 128 tokens, float32, 4 layers,
@@ -213,11 +227,10 @@ def layer_activation_bytes(shape: ModelShape, rows: int, prompt_length: int, com
         tokens = prompts * prompt_length + rows * completion_length
         expanded = rows * prompt_length * (2 * h + 2 * shape.kv_dim)
     n = shape.num_hidden_layers
-    if checkpointing:
-        elements = n * tokens * h + 2 * tokens * per_layer
-    else:
-        elements = n * (tokens * per_layer + expanded)
-    return (elements + tokens * BACKWARD_ELEMENTS_PER_H * h) * element
+    backward = tokens * BACKWARD_ELEMENTS_PER_H * h
+    if checkpointing:  # every layer's input, then one layer recomputed at a time with its backward
+        return n * tokens * h * (hidden_bytes or element) + (tokens * per_layer + backward) * element
+    return (n * (tokens * per_layer + expanded) + backward) * element
 
 
 @dataclass(frozen=True)
@@ -230,13 +243,10 @@ class PlanInputs:
             are then also cast to 16 bits once per step). adapter_bytes: bytes per LoRA parameter (PEFT keeps
             adapters in float32 unless the precision converts the whole model).
         lora_r, lora_target_modules: ``model.lora``. beta: ``algo.beta``. fused_optimizer: AdamW ``fused``.
-        sampler: ``in_place`` | ``copy`` | ``vllm`` | ``server`` (its own devices: only the kept copy of the
-            last push counts, with async generation). async_generation: generation overlaps training.
-        vllm_bytes: vLLM's share when known (GPU: utilization x device memory), else None (planned as a
-            weight copy plus ``vllm_kv_bytes``). vllm_kv_bytes: vLLM's KV-cache space.
+        sampler: what the engine declared (``GenerationEngine.memory_needs``); None = no sampler memory.
+            async_generation: generation overlaps training.
         completions_per_step, micro_batch_size, num_generations, prompt_length, completion_length: ``algo``.
-        generation_rows: sequences decoded at once by Hugging Face generate (training buffer, validation, final
-            evaluation, capped by ``rollout.generation_batch_size``). gradient_checkpointing,
+        gradient_checkpointing,
             shared_prompt_forward: forward options. strategy: ``single`` | ``ddp`` | ``fsdp``. world_size:
             processes. max_steps: optimizer steps (None = unknown). steps_per_buffer: ``k x i``.
     """
@@ -250,14 +260,11 @@ class PlanInputs:
     lora_target_modules: Any = LINEAR_NAMES
     beta: float = 0.0
     fused_optimizer: bool = True
-    sampler: str = "in_place"
+    sampler: SamplerMemory | None = None
     async_generation: bool = False
-    vllm_bytes: int | None = None
-    vllm_kv_bytes: int = GIB
     completions_per_step: int = 64
     micro_batch_size: int | None = None
     num_generations: int = 8
-    generation_rows: int = 64
     prompt_length: int = 256
     completion_length: int = 256
     gradient_checkpointing: bool = False
@@ -279,7 +286,8 @@ class MemoryPlan:
         peak_bytes: persistent terms + the training step and generation (their max, or their sum when async).
         num_params, num_trainable: parameter counts. tokens_per_step: prompt + completion tokens of one
             optimizer step on this process (upper bound). sampler_refreshes, weight_pushes: per run (None when
-            ``trainer.max_steps`` is unknown). notes: assumptions to print under the table.
+            ``trainer.max_steps`` is unknown). notes: assumptions to print under the table. knobs: term -> the
+            settings the engine names that shrink it (``sampler``, ``kv_cache``).
     """
 
     terms: dict[str, int]
@@ -290,6 +298,7 @@ class MemoryPlan:
     sampler_refreshes: int | None
     weight_pushes: int | None
     notes: list[str] = field(default_factory=list)
+    knobs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     PERSISTENT = ("weights", "optimizer", "reference", "sampler", "ddp_buckets", "fsdp_gathered", "runtime")
 
@@ -329,17 +338,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         root = s.vocab_size * s.hidden_size * (1 if s.tie_word_embeddings else 2)
         terms["fsdp_gathered"] = (root + 2 * layer_parameter_count(s)) * x.param_bytes
     tokens = x.prompt_length + x.completion_length
-    notes: list[str] = []
-    hf_rows = x.generation_rows
-    if x.sampler == "copy":
-        terms["sampler"] = model_bytes
-    elif x.sampler == "vllm":
-        terms["sampler"] = x.vllm_bytes if x.vllm_bytes is not None else params * x.param_bytes + x.vllm_kv_bytes
-        if x.async_generation and x.vllm_bytes is None:  # the last pushed weights, kept for checkpoints
-            terms["sampler"] += params * x.param_bytes
-    elif x.sampler == "server":
-        terms["sampler"] = params * x.param_bytes if x.async_generation else 0  # the kept last push (checkpoints)
-        notes.append("the sampler server's own memory is on its own devices: not planned here")
+    terms["sampler"] = x.sampler.resident_bytes if x.sampler else 0  # the engine's own arithmetic (memory_needs)
     rows = min(x.micro_batch_size or x.completions_per_step, x.completions_per_step)
     prompts = None
     if x.shared_prompt_forward and x.num_generations > 1:
@@ -349,15 +348,15 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         names = LINEAR_NAMES if x.lora_target_modules == "all-linear" else dict.fromkeys(x.lora_target_modules)
         widths = sum(linear_shapes(s)[n][1] for n in names)
     act = logits_bytes(s, rows, x.completion_length, x.compute_bytes) + layer_activation_bytes(
-        s, rows, x.prompt_length, x.completion_length, x.compute_bytes, x.gradient_checkpointing, prompts, widths)
+        s, rows, x.prompt_length, x.completion_length, x.compute_bytes, x.gradient_checkpointing, prompts, widths,
+        hidden_bytes=x.param_bytes)
     if x.autocast and x.param_bytes == 4:  # autocast caches a 16-bit copy of every weight it casts
         act += params * 2
     terms["activations"] = act
     terms["optimizer_step"] = 0 if x.fused_optimizer else math.ceil(grads / shard)
     terms["tied_embedding_grad"] = (TIED_GRAD_COPIES * s.vocab_size * s.hidden_size * train_bytes
                                     if s.tie_word_embeddings and not x.lora_r else 0)
-    terms["kv_cache"] = (kv_cache_bytes(s, hf_rows, tokens, x.compute_bytes)
-                         + hf_rows * s.vocab_size * 4 * DECODE_LOGIT_COPIES) if hf_rows else 0
+    terms["kv_cache"] = x.sampler.generation_bytes if x.sampler else 0
     persistent = sum(terms[k] for k in MemoryPlan.PERSISTENT)
     training = terms["gradients"] + max(terms["activations"], terms["optimizer_step"], terms["tied_embedding_grad"])
     peak = persistent + (training + terms["kv_cache"] if x.async_generation else max(training, terms["kv_cache"]))
@@ -365,11 +364,11 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     if x.max_steps is not None and x.max_steps > 0:
         refreshes = -(-x.max_steps // x.steps_per_buffer)
         pushes = max(refreshes - 1, 0) if x.async_generation else refreshes
-    if x.sampler == "in_place":
-        notes.append("rollout in place: weight pushes are counted but move nothing")
+    sampler = x.sampler
     return MemoryPlan(terms=terms, peak_bytes=peak, num_params=params + adapters, num_trainable=trainable,
                       tokens_per_step=x.completions_per_step * tokens, sampler_refreshes=refreshes,
-                      weight_pushes=pushes, notes=notes)
+                      weight_pushes=pushes, notes=list(sampler.notes) if sampler else [],
+                      knobs={"sampler": sampler.knobs, "kv_cache": sampler.cache_knobs} if sampler else {})
 
 
 LABELS = {

@@ -1,9 +1,11 @@
 """The memory plan of a composed config: read it, log it, refuse a run that cannot fit, before any model is built.
 
 :func:`check_memory_plan` runs in ``grpolab.preflight.preflight`` after the other config checks; :func:`print_plan` is
-``src/train.py +plan_only=true`` (or ``plan.only=true``): the table, then exit 0, loading nothing. The
-arithmetic is in :mod:`grpolab.memory_plan`; this module maps config keys onto it and finds the memory the
-run can see.
+``src/train.py +plan_only=true`` (or ``plan.only=true``): the table and its verdict, then exit 0, loading nothing.
+The arithmetic is in :mod:`grpolab.memory_plan`; the sampler's part is the engine's own
+(:meth:`~grpolab.rollout.engines.base.GenerationEngine.memory_needs`: this module names no engine and reads none of
+an engine's keys); the verdict and ``plan.device_memory`` are :mod:`grpolab.plan_verdict`. This module maps config
+keys onto the plan and finds the memory the run can see.
 
 The model's shape comes, without any download, from (first match): the ``model.architecture`` node with
 ``model.init=random``, ``model.path``'s ``config.json``, the ``model.architecture`` node
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +32,26 @@ from grpolab.memory_plan import (
     ModelShape,
     PlanInputs,
     format_plan,
+    lora_parameter_count,
+    parameter_count,
     plan_memory,
 )
+from grpolab.plan_devices import available_memory, devices_per_node, on_gpu, precision_bytes, strategy_kind
+from grpolab.plan_verdict import fitting_settings, parse_size, verdict
 from grpolab.random_init import check_init
 from grpolab.rollout.schedule import Schedule
+from grpolab.rollout.settings import split_rollout_config
+from grpolab.sampler_memory import GenerationShape
 
 log = logging.getLogger("grpolab.plan")
 
-KNOBS = {  # term -> the settings that shrink it; each names its config key first (dropped when already in effect)
+KNOBS = {  # term -> the settings that shrink it; each names its config key first (dropped when already in effect);
+    # the engine adds its own for "sampler" and "kv_cache" (SamplerMemory.knobs, cache_knobs)
     "weights": ("trainer=fsdp (shards them over processes)", "model.dtype=bfloat16"),
     "optimizer": ("model.lora.r=16 (AdamW state for the adapters only)", "trainer=fsdp"),
     "gradients": ("model.lora.r=16", "trainer=fsdp"),
     "reference": ("algo.beta=0 (no reference model)", "model.lora.r=16 (the reference is the base, adapters off)"),
-    "sampler": ("rollout=hf (samples in place, no copy)", "a lower rollout.gpu_memory_utilization (vLLM)"),
+    "sampler": (),
     "ddp_buckets": ("model.lora.r=16", "trainer=fsdp"),
     "fsdp_gathered": ("model.lora.r=16",),
     "runtime": ("none (libraries and CUDA context)",),
@@ -51,10 +59,8 @@ KNOBS = {  # term -> the settings that shrink it; each names its config key firs
                     "a shorter algo.max_completion_length"),
     "optimizer_step": ("algo.optimizer.fused=true",),
     "tied_embedding_grad": ("model.lora.r=16 (the embedding is frozen)",),
-    "kv_cache": ("rollout.generation_batch_size (e.g. 16)", "val.batch_size", "a shorter algo.max_completion_length"),
+    "kv_cache": ("val.batch_size", "a shorter algo.max_completion_length"),
 }
-_PRECISION_ALIASES = {"bf16": "bf16-mixed", "16": "16-mixed", "32": "32-true", "64": "64-true"}
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _tokenizer_size(folder: Any) -> int | None:
@@ -122,96 +128,18 @@ def model_shape(model: Any) -> tuple[ModelShape | None, str]:
     return None, "no model.architecture node and no local config.json (nothing is fetched to plan)"
 
 
-def _devices(trainer: Any) -> int:
-    """Processes per node from ``trainer.devices`` (``auto``, -1 and unreadable values plan one; the run's own
-    device check names a bad value)."""
-    devices = trainer.get("devices", 1)
-    if isinstance(devices, (list, tuple)) or (OmegaConf.is_list(devices)):
-        return len(devices)
-    if isinstance(devices, str):
-        ids = [d for d in devices.split(",") if d.strip()]
-        devices = len(ids) if len(ids) > 1 else (int(devices) if devices.strip().isdigit() else 1)
-    return devices if isinstance(devices, int) and devices >= 1 else 1
-
-
-def _strategy(trainer: Any, world: int) -> str:
-    strategy = trainer.get("strategy")
-    target = str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
-    if "ModelParallel" in target or "FSDP" in target or target.startswith("fsdp"):
-        return "fsdp"
-    if "DDP" in target or "DeepSpeed" in target or target.startswith(("ddp", "deepspeed")) or world > 1:
-        return "ddp"
-    return "single"
-
-
-def _precision(precision: Any, model_dtype: str) -> tuple[int, int, bool, int]:
-    """``(param_bytes, compute_bytes, autocast, adapter_bytes)`` for ``trainer.precision`` and ``model.dtype``."""
-    if model_dtype not in _DTYPE_BYTES:
-        raise ConfigError(f"model.dtype must be one of {sorted(_DTYPE_BYTES)}, got {model_dtype!r}")
-    p = _PRECISION_ALIASES.get(str(precision), str(precision))
-    weights = _DTYPE_BYTES[model_dtype]
-    if p.endswith("-mixed"):
-        return weights, 2, True, 4
-    if p in ("bf16-true", "16-true"):  # Lightning converts the whole module, adapters included
-        return 2, 2, False, 2
-    if p == "64-true":
-        return 8, 8, False, 8
-    return weights, weights, False, 4
-
-
-def on_gpu(trainer: Any) -> bool:
-    """True when ``trainer.accelerator`` is ``gpu`` or ``cuda``."""
-    return str(trainer.get("accelerator", "cpu")).lower() in ("gpu", "cuda")
-
-
-def available_memory(trainer: Any, processes: int = 1) -> tuple[int | None, str]:
-    """Bytes one process may use, and where the number comes from.
-
-    GPU: the total memory of this process's device (``torch.cuda.mem_get_info`` on ``LOCAL_RANK``); None when
-    no GPU is visible (e.g. ``plan_only`` on a machine without one). CPU: ``MemTotal`` of ``/proc/meminfo``
-    (``psutil`` elsewhere) divided by the ``processes`` that share this node.
-    """
-    if on_gpu(trainer):
-        import torch
-
-        if not torch.cuda.is_available():
-            return None, "no GPU visible on this machine"
-        _, total = torch.cuda.mem_get_info(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-        return int(total), "GPU memory of this device"
-    total = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-    except OSError:
-        try:
-            import psutil
-
-            total = int(psutil.virtual_memory().total)
-        except ImportError:
-            return None, "total RAM unknown"
-    if total is None:
-        return None, "total RAM unknown"
-    return total // max(processes, 1), "RAM" + (f" / {processes} processes" if processes > 1 else "")
-
-
-def _sampler_kind(rollout: Any) -> str:
-    """``server`` (a sampler in another process, on its own devices), ``vllm`` (an inference engine holding its own
-    weights outside torch), ``copy`` (a torch copy of the policy) or ``in_place``, from the engine's declared
-    capabilities (after the async switch)."""
+def sampler_engine(rollout: Any) -> tuple[type, dict[str, Any]]:
+    """The engine class a ``rollout`` node builds (its :meth:`async_engine` with ``rollout.async_generation=true``)
+    and its arguments (the node without the schedule keys); nothing is built or checked."""
     from hydra.utils import get_class
 
-    engine = get_class(str(rollout.get("_target_")))
-    if rollout.get("async_generation") is True:
-        engine = engine.async_engine()
-    if engine.sampler_outside_trainer:
-        return "server"
-    if not engine.samples_from_module:
-        return "vllm"
-    return "copy" if engine.owns_weights else "in_place"
+    args, settings = split_rollout_config(OmegaConf.to_container(rollout, resolve=True))
+    engine = get_class(str(args.get("_target_")))
+    return (engine.async_engine() if settings.async_generation is True else engine), args
 
 
 def _plan_settings(cfg: DictConfig) -> tuple[bool, int]:
+    parse_size(OmegaConf.select(cfg, "plan.device_memory", default=None))  # a bad size, named, before anything
     check = OmegaConf.select(cfg, "plan.check", default=True)
     prompt_length = OmegaConf.select(cfg, "plan.prompt_length", default=256)
     if not isinstance(check, bool):
@@ -227,16 +155,17 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
 
     Args:
         algo: the validated :class:`~grpolab.config.GRPOConfig`. lora: :class:`~grpolab.lora.LoraSettings`.
-        device_bytes: one GPU's memory, for vLLM's ``gpu_memory_utilization`` share (None = unknown).
+        device_bytes: one GPU's memory, for the engine's :class:`~grpolab.sampler_memory.GenerationShape`
+            (e.g. vLLM's ``gpu_memory_utilization`` share; None = unknown).
     """
     _, assumed_prompt = _plan_settings(cfg)
     trainer, model, rollout = cfg.trainer, cfg.model, cfg.rollout
     notes = []
-    param_bytes, compute_bytes, autocast, adapter_bytes = _precision(trainer.get("precision", "32-true"),
+    param_bytes, compute_bytes, autocast, adapter_bytes = precision_bytes(trainer.get("precision", "32-true"),
                                                                      str(model.get("dtype", "float32")))
-    devices, nodes = _devices(trainer), int(trainer.get("num_nodes", 1) or 1)
+    devices, nodes = devices_per_node(trainer), int(trainer.get("num_nodes", 1) or 1)
     world = devices * nodes
-    strategy = _strategy(trainer, world)
+    strategy = strategy_kind(trainer, world)
     if "DeepSpeed" in str(OmegaConf.select(trainer, "strategy._target_", default="")):
         notes.append("trainer=deepspeed is planned as DDP (ZeRO partitioning not modelled)")
     target = OmegaConf.select(model, "_target_")
@@ -244,47 +173,42 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
             and check_mmap_threshold(cfg.get("malloc_mmap_threshold", "auto"), target) is None):
         notes.append("malloc_mmap_threshold=null: glibc's heap may keep freed tensors resident beyond this plan "
                      "(Qwen2.5-1.5B LoRA with checkpointing: +37%); auto or 131072 keeps the plan")
-    sampler = _sampler_kind(rollout)
     prompt = algo.max_prompt_length
     if prompt is None:
         context = OmegaConf.select(model, "architecture.max_position_embeddings") or model.get("max_position_embeddings")
         prompt = min(assumed_prompt, max(int(context) - algo.max_completion_length, 1)) if context else assumed_prompt
         notes.append(f"prompt length assumed {prompt} tokens (algo.max_prompt_length is null; plan.prompt_length)")
-    cap = rollout.get("generation_batch_size") if sampler not in ("vllm", "server") else None
-    train_rows = 0 if sampler in ("vllm", "server") else algo.per_device_train_batch_size * algo.steps_per_generation
     val_prompts = int(OmegaConf.select(cfg, "val.batch_size", default=0) or 0)
     if isinstance(OmegaConf.select(cfg, "data.val_size"), int):  # fewer held-out prompts than a batch
         val_prompts = min(val_prompts, int(cfg.data.val_size))
-    rows = [train_rows, val_prompts * int(OmegaConf.select(cfg, "val.num_generations", default=0) or 0)]
+    eval_rows = [val_prompts * int(OmegaConf.select(cfg, "val.num_generations", default=0) or 0)]
     if OmegaConf.select(cfg, "final_eval.enabled", default=False):
-        rows.append(int(cfg.final_eval.batch_size) * int(cfg.final_eval.num_samples))
-    hf_rows = min(max(rows), cap) if cap else max(rows)
-    vllm_bytes, vllm_kv = None, GIB
-    if sampler == "vllm":
-        if on_gpu(trainer) and device_bytes is not None:
-            vllm_bytes = int(float(rollout.get("gpu_memory_utilization", 0.3)) * device_bytes)
-        elif rollout.get("kv_cache_memory_bytes"):
-            vllm_kv = int(rollout.kv_cache_memory_bytes)
-        elif os.environ.get("VLLM_CPU_KVCACHE_SPACE") and not on_gpu(trainer):
-            vllm_kv = int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * GIB)
-        if vllm_bytes is None:
-            notes.append("vLLM planned as a weight copy + its KV-cache space (rollout.kv_cache_memory_bytes, "
-                         "VLLM_CPU_KVCACHE_SPACE or 1 GiB; on GPU: device memory unknown here)")
+        eval_rows.append(int(cfg.final_eval.batch_size) * int(cfg.final_eval.num_samples))
     targets = lora.target_modules
     if targets != "all-linear" and [t for t in targets if t not in LINEAR_NAMES]:
         notes.append(f"LoRA targets {[t for t in targets if t not in LINEAR_NAMES]} are not Qwen2 projections: "
                      "not counted")
         targets = [t for t in targets if t in LINEAR_NAMES]
+    checkpointing = bool(model.get("gradient_checkpointing", False))
+    if checkpointing:
+        notes.append("model.gradient_checkpointing=true: activations hold each layer's input and one layer recomputed "
+                     "at a time (every row runs its whole prompt: no shared-prompt forward)")
+    policy_bytes = parameter_count(shape) * param_bytes + (
+        lora_parameter_count(shape, lora.r, targets) * adapter_bytes if lora.r else 0)
+    engine, engine_args = sampler_engine(rollout)
+    sampler = engine.memory_needs(engine_args, GenerationShape(
+        model=shape, weight_bytes=param_bytes, policy_bytes=policy_bytes, compute_bytes=compute_bytes,
+        train_rows=algo.per_device_train_batch_size * algo.steps_per_generation, eval_rows=max(eval_rows),
+        tokens=int(prompt) + algo.max_completion_length, async_generation=rollout.get("async_generation") is True,
+        on_gpu=on_gpu(trainer), device_bytes=device_bytes if on_gpu(trainer) else None))
     max_steps = trainer.get("max_steps")
     inputs = PlanInputs(
         shape=shape, param_bytes=param_bytes, compute_bytes=compute_bytes, autocast=autocast,
         adapter_bytes=adapter_bytes, lora_r=lora.r, lora_target_modules=targets, beta=algo.beta,
         fused_optimizer=bool(OmegaConf.select(cfg, "algo.optimizer.fused", default=False)), sampler=sampler,
-        async_generation=rollout.get("async_generation") is True, vllm_bytes=vllm_bytes, vllm_kv_bytes=vllm_kv,
-        completions_per_step=algo.per_device_train_batch_size, micro_batch_size=algo.micro_batch_size,
-        num_generations=algo.num_generations, generation_rows=hf_rows, prompt_length=int(prompt),
-        completion_length=algo.max_completion_length,
-        gradient_checkpointing=bool(model.get("gradient_checkpointing", False)),
+        async_generation=rollout.get("async_generation") is True, completions_per_step=algo.per_device_train_batch_size,
+        micro_batch_size=algo.micro_batch_size, num_generations=algo.num_generations, prompt_length=int(prompt),
+        completion_length=algo.max_completion_length, gradient_checkpointing=checkpointing,
         shared_prompt_forward=algo.shared_prompt_forward, strategy=strategy, world_size=world,
         max_steps=int(max_steps) if isinstance(max_steps, int) and max_steps > 0 else None,
         steps_per_buffer=Schedule(algo.steps_per_generation, algo.num_iterations).steps_per_buffer)
@@ -293,12 +217,20 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
 
 def make_plan(cfg: DictConfig, algo: Any, lora: Any) -> tuple[MemoryPlan | None, int | None, str]:
     """``(plan or None, bytes one process may use or None, a phrase)``: the phrase says where the budget comes
-    from, or why there is no plan."""
+    from, or why there is no plan. ``plan.device_memory``, when set, is the budget (one device's size, per process)
+    instead of what this machine has.
+
+    Raises:
+        ConfigError: naming ``plan.device_memory`` for a bad size.
+    """
     shape, source = model_shape(cfg.model)
     if shape is None:
         return None, None, source
-    processes = _devices(cfg.trainer) if not on_gpu(cfg.trainer) else 1
-    budget, budget_source = available_memory(cfg.trainer, processes)
+    processes = devices_per_node(cfg.trainer) if not on_gpu(cfg.trainer) else 1
+    budget = parse_size(OmegaConf.select(cfg, "plan.device_memory", default=None))
+    budget_source = "plan.device_memory"
+    if budget is None:
+        budget, budget_source = available_memory(cfg.trainer, processes)
     inputs, notes = plan_inputs(cfg, algo, lora, shape, budget if on_gpu(cfg.trainer) else None)
     plan = plan_memory(inputs)
     plan.notes = [f"shape from {source}", *notes, *plan.notes]
@@ -319,24 +251,47 @@ def _in_effect(knob: str, cfg: DictConfig | None) -> bool:
         return bool(OmegaConf.select(cfg, "algo.optimizer.fused", default=False))
     if knob.startswith("algo.beta=0"):
         return OmegaConf.select(cfg, "algo.beta") == 0
-    if knob.startswith("rollout=hf "):
-        return str(OmegaConf.select(cfg, "rollout._target_", default="")).endswith("HFGenerationEngine")
     return False
 
 
-def knobs(term: str, cfg: DictConfig | None = None) -> str:
-    """The settings that shrink ``term``, without those ``cfg`` already has (``none left`` when all are set)."""
-    left = [k for k in KNOBS[term] if not _in_effect(k, cfg)]
-    return ", ".join(left) or "none left in this config"
+def _knob_list(term: str, cfg: DictConfig | None, plan: MemoryPlan | None) -> list[str]:
+    engine = list(plan.knobs.get(term, ())) if plan is not None else []
+    return [k for k in [*engine, *KNOBS[term]] if not _in_effect(k, cfg)]
+
+
+def knobs(term: str, cfg: DictConfig | None = None, plan: MemoryPlan | None = None) -> str:
+    """The settings that shrink ``term`` (the engine's own first, from ``plan.knobs``), without those ``cfg``
+    already has (``none left`` when all are set)."""
+    return ", ".join(_knob_list(term, cfg, plan)) or "none left in this config"
+
+
+def _largest(plan: MemoryPlan, cfg: DictConfig | None) -> str:
+    return "; ".join(f"{name} {value / GIB:.1f} GiB ({knobs(name, cfg, plan)})" for name, value in plan.largest(3))
+
+
+def fits_with(cfg: DictConfig, plan: MemoryPlan) -> list[str]:
+    """The settings that would each make ``plan`` fit on their own (:func:`~grpolab.plan_verdict.fitting_settings`:
+    the config re-planned with each), with the peak each gives."""
+    def replan(changed: DictConfig) -> tuple[int | None, int | None]:
+        from grpolab.config import GRPOConfig
+        from grpolab.lora import validate_lora
+
+        algo = GRPOConfig.from_dict(OmegaConf.to_container(changed.algo, resolve=True))
+        found, budget, _ = make_plan(changed, algo, validate_lora(changed.model.get("lora"), algo.ref_refresh_every))
+        return (found.peak_bytes if found else None), budget
+
+    candidates = [k for term, _ in plan.largest(len(plan.terms)) for k in _knob_list(term, cfg, plan)]
+    return fitting_settings(cfg, candidates, replan)
 
 
 def refusal_message(plan: MemoryPlan, budget: int, budget_source: str, cfg: DictConfig | None = None) -> str:
-    """The error text: the plan against the budget, the largest terms with the knobs that shrink them (those
-    ``cfg`` already has left out)."""
-    terms = "; ".join(f"{name} {value / GIB:.1f} GiB ({knobs(name, cfg)})" for name, value in plan.largest(3))
+    """The error text: the plan against the budget, the settings that would each make it fit (with ``cfg``), the
+    largest terms with the knobs that shrink them (those ``cfg`` already has left out)."""
+    fits = "; ".join(fits_with(cfg, plan)) if cfg is not None else ""
     return (f"memory plan: {plan.peak_bytes / GIB:.1f} GiB per process exceeds the {budget / GIB:.1f} GiB this run "
-            f"can see ({budget_source}); nothing was loaded. Largest terms: {terms}. Set plan.check=false to run "
-            "anyway (the plan is an estimate; see the table above)")
+            f"can see ({budget_source}); nothing was loaded. {f'It fits with, each alone: {fits}. ' if fits else ''}"
+            f"Largest terms: {_largest(plan, cfg)}. Set plan.check=false to run anyway (the plan is an estimate; see "
+            "the table above)")
 
 
 def check_memory_plan(cfg: DictConfig, algo: Any, lora: Any) -> MemoryPlan | None:
@@ -391,8 +346,10 @@ def print_plan(cfg: DictConfig) -> MemoryPlan | None:
     if plan is None:
         print(f"memory plan: none ({why})", flush=True)
         return None
-    world = _devices(cfg.trainer) * int(cfg.trainer.get("num_nodes", 1) or 1)
+    world = devices_per_node(cfg.trainer) * int(cfg.trainer.get("num_nodes", 1) or 1)
     header = (f"memory plan: model={OmegaConf.select(cfg, 'model.name_or_path') or cfg.model._target_} "
               f"trainer.precision={cfg.trainer.get('precision')} processes={world} (bytes per process)")
-    print(format_plan(plan, header, budget, why), flush=True)
+    fits = fits_with(cfg, plan) if budget is not None and plan.peak_bytes > budget else []
+    lines = verdict(plan.peak_bytes, budget, why, fits, _largest(plan, cfg))
+    print(format_plan(plan, header, budget, why) + "\n" + "\n".join(f"  {line}" for line in lines), flush=True)
     return plan

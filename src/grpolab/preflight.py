@@ -38,7 +38,6 @@ from grpolab.evaluation.final import check_final_eval
 from grpolab.lora import LoraSettings, validate_lora
 from grpolab.plan_check import check_memory_plan
 from grpolab.rollout.engines.base import GenerationEngine
-from grpolab.rollout.engines.kv_cache import CACHE_IMPLEMENTATIONS
 from grpolab.rollout.resume import resume_conflicts
 from grpolab.rollout.settings import RolloutSettings, resolve_rollout
 
@@ -81,10 +80,6 @@ def preflight(cfg: DictConfig) -> Checked:
         if not cfg.get("finish_from_checkpoint"):  # set by a multirun rerun for a job stopped after its last step
             check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
     engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
-    cache = engine_args.get("cache_implementation", "dynamic")
-    if cache not in CACHE_IMPLEMENTATIONS:  # the HF engines' decode-loop KV cache
-        raise ConfigError(f"rollout.cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)}, got "
-                          f"{cache!r}: e.g. rollout.cache_implementation=dynamic")
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_precision(cfg.trainer)  # 16-mixed: a GradScaler our manual clipping cannot see

@@ -28,7 +28,8 @@ from grpolab import frozen_weights
 from grpolab.config_checks import check_paths, check_required, check_types, type_error
 from grpolab.errors import ConfigError
 from grpolab.evaluation.metrics import maj_at_k, mean_at_n, pass_at_k, standard_error
-from grpolab.rollout.settings import split_rollout_config
+from grpolab.evaluation.run_info import check_run_data, run_folder
+from grpolab.rollout.settings import resolve_rollout
 from grpolab.verifiers.extract import boxed_contents, final_answer_region
 
 log = logging.getLogger("grpolab.eval")
@@ -121,52 +122,6 @@ def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def _run_folder(cfg: DictConfig) -> Path | None:
-    """The training run folder the policy comes from, if it is one (it holds summary.json or .hydra/)."""
-    candidates = []
-    if cfg.get("ckpt_path"):
-        candidates.append(Path(cfg.ckpt_path).resolve().parent.parent)
-    path = OmegaConf.select(cfg, "model.path")
-    if path and Path(path).exists():
-        candidates.append(Path(path).resolve().parent)
-    for c in candidates:
-        if (c / "summary.json").is_file() or (c / ".hydra" / "config.yaml").is_file():
-            return c
-    return None
-
-
-def _check_run_data(cfg: DictConfig, run: Path) -> dict[str, Any]:
-    """Compare the eval's task config with the run's; warn when they differ (a different data seed changes the
-    split, so the 'test' prompts could be training prompts of that run)."""
-    info: dict[str, Any] = {"run_dir": str(run)}
-    summary = run / "summary.json"
-    if summary.is_file():
-        s = json.loads(summary.read_text())
-        info.update({k: s.get(k) for k in ("val_accuracy_end", "val_best_accuracy", "steps", "seed")})
-        info["data_seed"] = s.get("data_seed", s.get("seed"))  # runs before data_seed split by their seed
-    hydra_cfg = run / ".hydra" / "config.yaml"
-    ours_seed = OmegaConf.select(cfg, "data.seed")
-    if not hydra_cfg.is_file() and info.get("data_seed") is not None and ours_seed is not None:
-        if int(info["data_seed"]) != int(ours_seed):  # no saved config (an in-process run): the summary tells
-            log.warning("the run %s used data.seed=%s but data.seed=%s here: pass data_seed=%s so its held-out "
-                        "prompts are the ones scored", run, info["data_seed"], ours_seed, info["data_seed"])
-            info["data_differs"] = ["seed"]
-    if hydra_cfg.is_file():
-        run_cfg = OmegaConf.load(hydra_cfg)
-        try:
-            theirs = OmegaConf.to_container(run_cfg.data, resolve=True)
-        except Exception:  # an interpolation that only resolves inside the run (e.g. hydra:...)
-            theirs = OmegaConf.to_container(run_cfg.data, resolve=False)
-        ours = OmegaConf.to_container(cfg.data, resolve=True)
-        if theirs != ours:
-            diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
-            log.warning("the task config differs from the run's (%s) in %s: pass the run's overrides "
-                        "(e.g. data_seed=%s) so its held-out prompts are the ones scored", run, diff,
-                        OmegaConf.select(run_cfg, "data.seed"))
-            info["data_differs"] = diff
-    return info
 
 
 def build_sampling(cfg: DictConfig) -> SamplingSettings:
@@ -319,21 +274,45 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def _sample_rows(producer: Any, policy: Any, rows: list[dict], cfg: DictConfig, extract: Any, desc: str) -> list[dict]:
+    """``eval.num_samples`` completions (and a greedy one with ``eval.greedy``) of every row, ``eval.batch_size`` prompts
+    at a time, as :func:`_records` dicts; a progress bar shows the running accuracy."""
+    from tqdm.auto import tqdm
+
+    e = cfg.eval
+    n, threshold, records = int(e.num_samples), float(e.correct_threshold), []
+    with tqdm(total=len(rows), desc=desc, unit="prompt", disable=not e.progress_bar) as bar:
+        for s in range(0, len(rows), int(e.batch_size)):
+            batch = rows[s:s + int(e.batch_size)]
+            records += _records(producer.sample(policy, batch, n), extract, threshold, False, n)
+            if e.greedy:
+                records += _records(producer.sample(policy, batch, 1, greedy=True), extract, threshold, True, 1)
+            bar.update(len(batch))
+            done = [r for r in records if not r["greedy"] and not math.isnan(r["reward"])]
+            if done:
+                bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}")
+    return records
+
+
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Run the evaluation described by a composed ``conf/eval.yaml`` and write its outputs.
 
     Returns:
         The content of ``eval.json``.
 
-    Raises:
-        ValueError: on invalid ``eval.*`` settings (before any model is built); see :func:`load_policy`.
-    """
-    from tqdm.auto import tqdm
+    The engine is resolved and built as training builds it (:func:`~grpolab.rollout.settings.resolve_rollout`: the
+    class, its ``check_config`` and ``check_installed`` before any model is built; no training schedule to check),
+    and closed when sampling ends, also on an error (a ``rollout=vllm_server`` server is stopped).
 
+    Raises:
+        ValueError: on invalid ``eval.*`` or ``rollout.*`` settings (before any model is built); see
+            :func:`load_policy`.
+    """
     from grpolab.rollout.producer import RolloutProducer
 
     start = time.perf_counter()
     n, ks = check_settings(cfg)
+    _, engine_args, _ = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), None)
     e = cfg.eval
     threshold = float(e.correct_threshold)
     out_dir = Path(e.output_dir)
@@ -347,29 +326,19 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     verifier = instantiate(cfg.verifier)
     spec = instantiate(cfg.model)
     rows = select_rows(task, split, e.max_prompts)
-    run = _run_folder(cfg)
-    run_info = _check_run_data(cfg, run) if run is not None and not benchmark else None
+    run = run_folder(cfg)
+    run_info = check_run_data(cfg, run) if run is not None and not benchmark else None
     tokenizer = spec.load_tokenizer()
     policy = load_policy(cfg, spec, task).to(_device(e.device))
     policy.eval()
-    engine_args, _ = split_rollout_config(OmegaConf.to_container(cfg.rollout, resolve=True))
     engine = instantiate(engine_args, stop_token_ids=spec.stop_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    engine.sync_weights(policy, 0)  # an engine that owns its weights samples from its copy
-    producer = RolloutProducer(build_sampling(cfg), task, tokenizer, engine, verifier, needs_sampler_logp=False)
-    extract = answer_extractor(verifier)
-    torch.manual_seed(int(e.seed))  # after the model is built (building one may reseed the global RNG)
-    records: list[dict] = []
-    bs = int(e.batch_size)
-    with tqdm(total=len(rows), desc=f"eval {benchmark or split}", unit="prompt", disable=not e.progress_bar) as bar:
-        for s in range(0, len(rows), bs):
-            batch = rows[s:s + bs]
-            records += _records(producer.sample(policy, batch, n), extract, threshold, False, n)
-            if e.greedy:
-                records += _records(producer.sample(policy, batch, 1, greedy=True), extract, threshold, True, 1)
-            bar.update(len(batch))
-            done = [r for r in records if not r["greedy"] and not math.isnan(r["reward"])]
-            if done:
-                bar.set_postfix(acc=f"{sum(r['correct'] for r in done) / len(done):.3f}")
+    try:
+        engine.sync_weights(policy, 0)  # an engine that owns its weights samples from its copy
+        producer = RolloutProducer(build_sampling(cfg), task, tokenizer, engine, verifier, needs_sampler_logp=False)
+        torch.manual_seed(int(e.seed))  # after the model is built (building one may reseed the global RNG)
+        records = _sample_rows(producer, policy, rows, cfg, answer_extractor(verifier), f"eval {benchmark or split}")
+    finally:
+        engine.close()  # what the engine started (a server, a vLLM engine) ends with the evaluation
     result: dict[str, Any] = {
         "model": str(getattr(spec, "source", OmegaConf.select(cfg, "model._target_"))),
         "ckpt_path": cfg.get("ckpt_path"),

@@ -112,8 +112,8 @@ def split_rollout_config(rollout: dict[str, Any]) -> tuple[dict[str, Any], Rollo
     return {k: v for k, v in rollout.items() if k not in names}, settings
 
 
-def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig) -> tuple[type[GenerationEngine], dict[str, Any],
-                                                                           RolloutSettings]:
+def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig | None) -> tuple[type[GenerationEngine],
+                                                                                  dict[str, Any], RolloutSettings]:
     """The engine class, its constructor arguments and the validated schedule settings of a ``rollout`` node.
 
     The class is the node's ``_target_`` (``conf/rollout/<name>.yaml``), or its :meth:`GenerationEngine.async_engine`
@@ -121,7 +121,8 @@ def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig) -> tuple[type[Gen
 
     Args:
         rollout: the composed ``rollout`` node as a plain dict (``_target_`` + engine arguments + schedule keys).
-        algo: the validated algorithm settings.
+        algo: the validated algorithm settings; None when there is no training schedule (``src/eval.py``): the
+            schedule keys are then not checked against an algorithm, the engine still is.
 
     Raises:
         ValueError: naming ``rollout.<key>`` for an unknown engine, an engine that is not a
@@ -139,9 +140,10 @@ def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig) -> tuple[type[Gen
     if settings.async_generation is True:
         engine_cls = engine_cls.async_engine()
         engine_args["_target_"] = f"{engine_cls.__module__}.{engine_cls.__qualname__}"
-    settings.validate(algo, engine_cls)
-    recompute = bool(engine_args.get("recompute_sampler_logp")) or algo.vllm_importance_sampling_correction
-    if settings.async_generation and recompute and not engine_cls.samples_from_module:
+    if algo is not None:
+        settings.validate(algo, engine_cls)
+    recompute = bool(engine_args.get("recompute_sampler_logp")) or bool(algo and algo.vllm_importance_sampling_correction)
+    if algo is not None and settings.async_generation and recompute and not engine_cls.samples_from_module:
         raise ConfigError(f"rollout.async_generation=true with {engine_cls.__name__} takes log alpha from the engine, "
                           "which holds the sampler's weights outside the trainer: set rollout.recompute_sampler_logp="
                           "false and algo.vllm_importance_sampling_correction=false, or rollout.async_generation=false")

@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from grpolab.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
+
 
 @dataclass
 class SamplingParams:
@@ -80,15 +82,17 @@ class GenerationEngine(ABC):
     Capabilities (class attributes, read before any engine is built):
         owns_weights: samples from its own copy of the weights, refreshed only by :meth:`sync_weights`. Needed by
             ``rollout.async_generation`` (the policy trains while the sampler samples). Such an engine must
-            implement :meth:`sampler_state_dict` and :meth:`load_sampler_state_dict` (checked at class creation).
+            implement :meth:`sync_weights`, :meth:`sampler_state_dict`, :meth:`load_sampler_state_dict` and
+            :meth:`validation_engine` (its copy may be up to k - 1 steps old, so held-out accuracy must be measured
+            by an engine on the live policy); a class that does not is refused when it is defined (``TypeError``).
         reports_sampler_logp: every sampled :class:`Generation` carries the engine's own log-probs, whether asked
             or not (an inference engine's; ``algo.vllm_importance_sampling_correction`` needs them).
         samples_from_module: the sampler's weights live in a torch module of this process (the live policy, or
             :meth:`sampler_module`), so a trainer forward on them can recompute log alpha. False for an inference
             engine: with ``rollout.async_generation`` its own log-probs must then be log alpha.
         supports_sharded_policy: the engine can take its weights from an FSDP-sharded policy (``trainer=fsdp``).
-        sampler_outside_trainer: the sampler runs in another process on its own devices (a server): the
-            training process's memory plan holds none of its memory.
+
+    Its memory: :meth:`memory_needs` (a class method, read by the memory plan before any model is built).
 
     Instance attribute:
         recompute_sampler_logp: log alpha comes from a trainer forward in the training pass's micro-batch shapes
@@ -99,16 +103,26 @@ class GenerationEngine(ABC):
     reports_sampler_logp: ClassVar[bool] = False
     samples_from_module: ClassVar[bool] = True
     supports_sharded_policy: ClassVar[bool] = True
-    sampler_outside_trainer: ClassVar[bool] = False
     recompute_sampler_logp: bool = True
 
+    #: What an engine that owns its weights must implement (checked when its class is defined).
+    OWNER_METHODS: ClassVar[tuple[str, ...]] = ("sync_weights", "sampler_state_dict", "load_sampler_state_dict",
+                                                "validation_engine")
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a class with ``owns_weights=True`` that leaves any of :attr:`OWNER_METHODS` to this interface.
+
+        Raises:
+            TypeError: naming the class and the missing methods.
+        """
         super().__init_subclass__(**kwargs)
         if cls.owns_weights:
-            missing = [name for name in ("sync_weights", "sampler_state_dict", "load_sampler_state_dict")
+            missing = [name for name in GenerationEngine.OWNER_METHODS
                        if getattr(cls, name) is getattr(GenerationEngine, name)]
             if missing:
-                raise TypeError(f"{cls.__name__} owns its weights (owns_weights=True) and must implement {missing}")
+                raise TypeError(f"{cls.__module__}.{cls.__qualname__} owns its weights (owns_weights=True) and must "
+                                f"implement {missing}: validation_engine() returns an engine on the live policy (its "
+                                "own copy may be stale), the others push, save and restore its weights")
 
     # ------------------------------------------------------------------------------ class-level checks
     @classmethod  # noqa: B027 - an optional capability, empty by default
@@ -121,6 +135,30 @@ class GenerationEngine(ABC):
         """Refuse engine arguments that cannot work (``args``: the composed ``rollout`` node without the schedule
         keys), raising :class:`~grpolab.errors.ConfigError` naming ``rollout.<key>``. Called before any model is
         built. Default: nothing to check (the constructor still validates its arguments)."""
+
+    @classmethod
+    def memory_needs(cls, args: dict[str, Any], shape: GenerationShape) -> SamplerMemory:
+        """The sampler's memory in the training process, from the engine's constructor arguments alone (read by the
+        memory plan before any model is built; the plan only adds the numbers).
+
+        Default, for an engine that declares nothing: it decodes every sequence of a refresh at once on the training
+        device (:func:`~grpolab.sampler_memory.decode_cache_bytes` of ``shape.train_rows``), holds a torch copy of the
+        policy (``shape.policy_bytes``) when it owns its weights, and validates on an engine like itself; a note
+        says so. An engine overrides it with its own arithmetic (the engines that ship do).
+
+        Args:
+            args: the ``rollout`` node without the schedule keys (``_target_`` and the constructor arguments).
+            shape: what the run asks of a sampler (:class:`~grpolab.sampler_memory.GenerationShape`).
+
+        Returns:
+            A :class:`~grpolab.sampler_memory.SamplerMemory` (bytes per training process).
+        """
+        copy = shape.policy_bytes if cls.owns_weights else 0
+        return SamplerMemory(
+            weights_bytes=copy, cache_bytes=decode_cache_bytes(shape, shape.train_rows),
+            generation_rows=shape.train_rows, eval_cache_bytes=decode_cache_bytes(shape, shape.eval_rows),
+            notes=(f"{cls.__name__} declares no memory_needs: planned as a decode of every sequence of a refresh at "
+                   "once on the training device" + (", with a copy of the policy" if copy else ""),))
 
     #: The ``_target_`` path of the class to use instead with ``rollout.async_generation=true`` (built with the same
     #: arguments), for an engine that samples on the live policy and has a variant owning a copy; None = this class.
@@ -160,8 +198,9 @@ class GenerationEngine(ABC):
         """
 
     def validation_engine(self) -> GenerationEngine:
-        """The engine that measures held-out accuracy on the live policy. Default: this one. An engine that owns a
-        copy (up to k - 1 steps old) returns an in-place engine, so validation never sees stale weights."""
+        """The engine that measures held-out accuracy on the live policy. Default: this one (an engine that samples
+        in place). An engine that owns a copy (up to k - 1 steps old) must return an in-place engine, so validation
+        never sees stale weights (enforced when the class is defined)."""
         return self
 
     def sampler_module(self) -> torch.nn.Module | None:
@@ -213,12 +252,6 @@ class GenerationEngine(ABC):
             NotImplementedError: the engine cannot restart its sampler (the default).
         """
         raise NotImplementedError(f"{type(self).__name__} cannot restart its sampler")
-
-    def sleep(self) -> None:  # noqa: B027 - an optional capability, empty by default
-        """Free the engine's memory between refreshes where it can (GPU sleep mode). Default: nothing."""
-
-    def wake(self) -> None:  # noqa: B027 - an optional capability, empty by default
-        """Undo :meth:`sleep` before a push or a generation. Default: nothing."""
 
     def close(self) -> None:  # noqa: B027 - an optional capability, empty by default
         """Release what the engine started (processes, servers, memory). Called once at the end of a run."""

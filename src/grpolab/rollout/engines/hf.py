@@ -16,9 +16,13 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from grpolab.algo.masks import completion_mask
+from grpolab.errors import ConfigError
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams, left_pad
 from grpolab.rollout.engines.decode import sample_completions, supports_decode_loop
 from grpolab.rollout.engines.kv_cache import CACHE_IMPLEMENTATIONS
+from grpolab.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
+
+GENERATION_BATCH_KNOB = "rollout.generation_batch_size=16 (sequences per generate call)"
 
 
 class HFGenerationEngine(GenerationEngine):
@@ -71,6 +75,37 @@ class HFGenerationEngine(GenerationEngine):
 
     # With rollout.async_generation the sampler must own its weights: the in-place engine becomes the copy engine.
     async_target = "grpolab.rollout.engines.hf_copy.HFSamplerCopyEngine"
+
+    @classmethod
+    def check_config(cls, args: dict[str, Any]) -> None:
+        """Refuse a bad ``rollout.generation_batch_size`` or ``rollout.cache_implementation`` before any model is built.
+
+        Raises:
+            ConfigError: naming the key and a value that works.
+        """
+        batch = args.get("generation_batch_size")
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+            raise ConfigError(f"rollout.generation_batch_size must be null (all at once) or an int >= 1, got {batch!r}")
+        cache = args.get("cache_implementation", "dynamic")
+        if cache not in CACHE_IMPLEMENTATIONS:  # the decode loop's KV cache
+            raise ConfigError(f"rollout.cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)}, got "
+                              f"{cache!r}: e.g. rollout.cache_implementation=dynamic")
+
+    @classmethod
+    def memory_needs(cls, args: dict[str, Any], shape: GenerationShape) -> SamplerMemory:
+        """In place: no copy; while generating, the KV cache and decode logits of ``rollout.generation_batch_size``
+        sequences at once (None: a whole refresh, ``shape.train_rows``), and the same for held-out batches
+        (validation samples in place too: ``shape.eval_rows`` capped alike).
+
+        Returns:
+            :class:`~grpolab.sampler_memory.SamplerMemory` in bytes per training process.
+        """
+        cap = args.get("generation_batch_size") or None
+        rows, eval_rows = (min(r, cap) if cap else r for r in (shape.train_rows, shape.eval_rows))
+        knobs = (GENERATION_BATCH_KNOB,) if max(rows, eval_rows) > 16 else ()
+        return SamplerMemory(cache_bytes=decode_cache_bytes(shape, rows), generation_rows=rows,
+                             eval_cache_bytes=decode_cache_bytes(shape, eval_rows), cache_knobs=knobs,
+                             notes=("rollout in place: weight pushes are counted but move nothing",))
 
     def _config(self, params: SamplingParams) -> GenerationConfig:
         # With an explicit generator, generate() runs its greedy loop and _GeneratorSampler does the sampling.

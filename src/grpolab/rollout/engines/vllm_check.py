@@ -4,26 +4,50 @@ trainer's on a probe, so a sampler whose weights did not arrive (or arrived in a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 TESTED_VLLM_VERSIONS = ("0.32.0",)  # the vLLM versions whose in-memory weight reload was checked
 
+#: ``sample(prompts, temperature, max_tokens)`` -> one ``(token_ids, log_probs)`` per prompt: the engine's processed
+#: log-probs (``log_softmax(logits / T)``) of the tokens it sampled, ``max_tokens`` each (the stop ids ignored).
+ProbeSampler = Callable[[list[list[int]], float, int], list[tuple[list[int], list[float]]]]
 
-def check_push(engine: Any, model: Any, sample: Callable[..., list[tuple[list[int], list[float]]]] | None = None,
+
+@runtime_checkable
+class CheckedEngine(Protocol):
+    """What :func:`check_push` reads from an engine, and writes to it (public attributes, no private state).
+
+    Attributes:
+        sync_check_tolerance: the largest mean absolute log-prob difference allowed; None = 1e-3 for float32 weights,
+            0.05 for 16-bit ones.
+        sync_check: the last check's result (``mean_abs_logp_difference``, ``max_abs_logp_difference``,
+            ``tolerance``), written by :func:`check_push`, also when the check fails.
+        max_len: the engine's context length, prompt + completion tokens (0 = unknown); the probe samples at most
+            ``max_len - 5`` tokens (and at most 8).
+        probe_name: how the error names the engine (``rollout=vllm's vLLM 0.32.0``).
+    """
+
+    sync_check_tolerance: float | None
+    sync_check: dict[str, float]
+    max_len: int
+    probe_name: str
+
+    def probe(self, prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        """The engine's :data:`ProbeSampler` on its current weights."""
+
+
+def check_push(engine: CheckedEngine, model: Any, sample: ProbeSampler | None = None,
                what: str | None = None) -> dict[str, float]:
     """Compare the engine's log-probs with the trainer's on a probe after the first push.
 
     Args:
-        engine: the engine whose weights were pushed (its ``sync_check_tolerance``,
-            None = 1e-3 for float32 weights, 0.05 for 16-bit ones; without ``sample``, its ``llm``, ``vllm``
-            module and ``_max_len``). The result is stored on ``engine.sync_check``, also when the check fails.
+        engine: the engine whose weights were pushed (:class:`CheckedEngine`).
         model: the policy whose weights were pushed.
-        sample: ``sample(prompts, temperature, max_tokens)`` -> one ``(token_ids, log_probs)`` per prompt, the
-            engine's processed log-probs of its sampled tokens (a server engine's requests); None = the in-process
-            ``engine.llm.generate``.
-        what: the engine named in the error (default: the in-process vLLM and its version).
+        sample: the probe's sampler; None = ``engine.probe`` (another one: e.g. rank 0's samples broadcast to every
+            rank under FSDP).
+        what: the engine named in the error; None = ``engine.probe_name``.
 
     Returns:
         ``mean_abs_logp_difference``, ``max_abs_logp_difference`` and the ``tolerance`` applied.
@@ -37,10 +61,9 @@ def check_push(engine: Any, model: Any, sample: Callable[..., list[tuple[list[in
     vocab = int(model.config.vocab_size)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(vocab, (n,), generator=g).tolist() for n in (5, 3)]
-    temperature, new = 0.7, max(1, min(8, engine._max_len - 5))
-    if sample is None:
-        sample, what = _in_process_sample(engine), what or f"rollout=vllm's vLLM {engine.vllm.__version__}"
-    samples = sample(prompts, temperature, new)
+    temperature, new = 0.7, max(1, min(8, engine.max_len - 5))
+    samples = (sample or engine.probe)(prompts, temperature, new)
+    what = what or engine.probe_name
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -70,17 +93,6 @@ def check_push(engine: Any, model: Any, sample: Callable[..., list[tuple[list[in
             f"in-memory weight reload differs from the tested {', '.join(TESTED_VLLM_VERSIONS)}, or "
             f"rollout.dtype differs from the policy's dtype.")
     return result
-
-
-def _in_process_sample(engine: Any) -> Callable[..., list[tuple[list[int], list[float]]]]:
-    """The probe's sampler for the in-process engine: ``engine.llm.generate`` with processed log-probs."""
-    def sample(prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list[float]]]:
-        sp = engine.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
-                                        ignore_eos=True, seed=0, logprobs=0, detokenize=False)
-        outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], [sp] * len(prompts), use_tqdm=False)
-        return [(list(o.outputs[0].token_ids),
-                 [d[t].logprob for d, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]) for o in outs]
-    return sample
 
 
 def _numpy_rng_state() -> Any:

@@ -47,6 +47,8 @@ from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingP
 from grpolab.rollout.engines.completions import to_generation
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.engines.vllm_check import check_push
+from grpolab.rollout.engines.vllm_knobs import vllm_memory
+from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 from .guards import check_weight_versions
 from .process import RequestPool, ServerClient, ServerError, ServerProcess, free_port
@@ -85,7 +87,11 @@ class VLLMServerEngine(GenerationEngine):
     owns_weights = True
     reports_sampler_logp = True
     samples_from_module = False  # no trainer-side module holds the sampler's weights
-    sampler_outside_trainer = True  # the server's memory is on its own devices
+
+    @classmethod
+    def memory_needs(cls, args: dict[str, Any], shape: GenerationShape) -> SamplerMemory:
+        """On its own devices: only the kept push (async) and validation cost the trainer (:func:`vllm_memory`)."""
+        return vllm_memory(args, shape, own_devices=True)
 
     @classmethod
     def check_config(cls, args: dict[str, Any]) -> None:
@@ -135,7 +141,7 @@ class VLLMServerEngine(GenerationEngine):
         self._label: str | None = None  # the weight version the server was promised
         self._version: int | None = None  # the optimizer step of those weights
         self._checks_left = STARTUP_CHECKS
-        self._max_len = 0
+        self.max_len = 0  # the server's context length, read when connecting (0 = unknown)
         self._lock = threading.RLock()
         self.startup_s: float | None = None  # the first start's seconds (a restart costs about as much)
         self._restarts = RestartBudget(self.settings.max_restarts, owned=self.settings.url is None)
@@ -165,7 +171,7 @@ class VLLMServerEngine(GenerationEngine):
             time.sleep(0.5)
         models = self.client.call("/v1/models", None, s.request_timeout_s)["data"]
         self._model_name = models[0]["id"]
-        self._max_len = int(models[0].get("max_model_len") or 0)
+        self.max_len = int(models[0].get("max_model_len") or 0)
         self._pool = RequestPool(s.max_in_flight, "vllm-server-request")
         if rank == 0:
             if s.transport(torch.cuda.is_available()) == "nccl":
@@ -296,8 +302,8 @@ class VLLMServerEngine(GenerationEngine):
         if rank != 0 and not sharded:
             return
         self._checks_left -= 1
-        sample = self._probe if not sharded else functools.partial(probe_from_rank0, self._probe if rank == 0 else None)
-        check_push(self, model, sample=sample, what=f"the vLLM server at {self.client.url}")
+        sample = self.probe if not sharded else functools.partial(probe_from_rank0, self.probe if rank == 0 else None)
+        check_push(self, model, sample=sample)
 
     def _transport_push(self, state: dict[str, torch.Tensor], label: str) -> None:
         try:
@@ -365,7 +371,13 @@ class VLLMServerEngine(GenerationEngine):
                 raise self._fail(err, f"sampling from the vLLM server at {self.client.url} failed") from err
         return [f.result() for f in futures]
 
-    def _probe(self, prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list]]:
+    @property
+    def probe_name(self) -> str:
+        """How the start-up check's error names this engine."""
+        return f"the vLLM server at {self.client.url if self.client else self.settings.url}"
+
+    def probe(self, prompts: list[list[int]], temperature: float, max_tokens: int) -> list[tuple[list[int], list]]:
+        """The start-up check's sampler: ``max_tokens`` tokens per prompt (stop ids ignored, seed 0), log-probs."""
         params = SamplingParams(temperature=temperature, max_new_tokens=max_tokens)
         return self._run([self._body(p, params, seed=0, ignore_eos=True) for p in prompts])
 
@@ -385,9 +397,9 @@ class VLLMServerEngine(GenerationEngine):
             if self.client is None:
                 self._push(model, self._state_for_push(model), "start", None)
         for i, p in enumerate(prompts):
-            if self._max_len and len(p) + params.max_new_tokens > self._max_len:
+            if self.max_len and len(p) + params.max_new_tokens > self.max_len:
                 raise ValueError(f"prompt {i} has {len(p)} tokens + algo.max_completion_length="
-                                 f"{params.max_new_tokens} > the server's max_model_len={self._max_len}")
+                                 f"{params.max_new_tokens} > the server's max_model_len={self.max_len}")
         g = params.generator  # None = torch's global RNG, which the data module seeds at every refresh
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=g,
                               device=g.device if g is not None else None).tolist()
