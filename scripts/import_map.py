@@ -11,7 +11,7 @@ Layers, lowest first (a module may import its own layer and the layers below it,
     3  forward                                                  the shared forward pass, Theorem 1's diagnostics
     4  rollout.engines                                          generation engines
     5  rollout                                                  the buffer, its schedule, the data module
-    6  module, callbacks, evaluation, plan_check                the LightningModule and what plugs into Lightning
+    6  module, callbacks, evaluation, plan.from_config          the LightningModule and what plugs into Lightning
     7  run, preflight, sweep_jobs, sweep_resume, slurm          the application: wiring, checks, launchers
 
 Imports inside ``if TYPE_CHECKING:`` are type hints, not dependencies, and are left out. A cycle is a strongly
@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, int]] = [  # longest prefix wins; "grpolab" itself is la
     ("grpolab.forward", 3),
     ("grpolab.rollout.engines", 4),
     ("grpolab.rollout", 5),
-    ("grpolab.module", 6), ("grpolab.callbacks", 6), ("grpolab.evaluation", 6), ("grpolab.plan_check", 6),
+    ("grpolab.module", 6), ("grpolab.callbacks", 6), ("grpolab.evaluation", 6), ("grpolab.plan.from_config", 6),
     ("grpolab.run", 7), ("grpolab.preflight", 7), ("grpolab.sweep_jobs", 7), ("grpolab.sweep_resume", 7),
     ("grpolab.slurm", 7),
 ]

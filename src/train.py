@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> float | None:
         # before torch allocates (every DDP rank re-runs this)
         apply_config(cfg)
         # torch after the override check (a misspelt key is refused in a second), Lightning after every other check
-        from grpolab.plan_check import print_plan, wants_plan_only
+        from grpolab.plan.from_config import print_plan, wants_plan_only
         from grpolab.preflight import task_wrapper
 
         if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing

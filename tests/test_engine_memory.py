@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
 from grpolab.lora import validate_lora
-from grpolab.memory_plan import GIB, MIB, parameter_count
-from grpolab.plan_check import make_plan, model_shape
+from grpolab.plan.from_config import make_plan, model_shape
+from grpolab.plan.memory import GIB, MIB, parameter_count
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine

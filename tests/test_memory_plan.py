@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from grpolab.config import GRPOConfig
 from grpolab.lora import LoraSettings, apply_lora, count_parameters, validate_lora
-from grpolab.memory_plan import (
+from grpolab.plan.from_config import make_plan
+from grpolab.plan.memory import (
     GIB,
     MIB,
     RUNTIME_BYTES,
@@ -21,7 +22,6 @@ from grpolab.memory_plan import (
     parameter_count,
     plan_memory,
 )
-from grpolab.plan_check import make_plan
 from grpolab.random_init import random_from_architecture
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.engines.vllm import VLLMGenerationEngine

@@ -15,14 +15,14 @@ from omegaconf import OmegaConf
 
 from grpolab.config import GRPOConfig
 from grpolab.lora import validate_lora
-from grpolab.memory_plan import GIB
-from grpolab.plan_check import (
+from grpolab.plan.from_config import (
     available_memory,
     check_memory_plan,
     make_plan,
     refusal_message,
     wants_plan_only,
 )
+from grpolab.plan.memory import GIB
 from grpolab.run import build
 
 SHRINK = ["model.architecture.hidden_size=64", "model.architecture.intermediate_size=128",
@@ -125,7 +125,7 @@ def test_budget_is_ram_shared_by_cpu_processes(tmp_path):
 
 
 # The measured check. Tolerance: the plan is within 25% of the peak RSS (measured here: 0.93); at this size
-# the glibc heap keeps the holes of the 10 MiB logit rows resident (see grpolab.memory_plan), which the plan
+# the glibc heap keeps the holes of the 10 MiB logit rows resident (see grpolab.plan.memory), which the plan
 # does not model.
 MEASURE = """
 import resource, runpy, sys

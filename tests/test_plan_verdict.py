@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
 from grpolab.lora import validate_lora
-from grpolab.memory_plan import GIB, MIB, ModelShape, layer_activation_bytes
-from grpolab.plan_check import fits_with, make_plan, print_plan, refusal_message
-from grpolab.plan_verdict import parse_size
+from grpolab.plan.from_config import fits_with, make_plan, print_plan, refusal_message
+from grpolab.plan.memory import GIB, MIB, ModelShape, layer_activation_bytes
+from grpolab.plan.verdict import parse_size
 
 # The realistic 7B config of docs/guide/scale-out.md's plan example: GSM8K prompts (<= 256 tokens with the chat template),
 # 512-token completions, one GPU.

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grpolab.memory_plan import MIB, ModelShape, PlanInputs, plan_memory
+from grpolab.plan.memory import MIB, ModelShape, PlanInputs, plan_memory
 
 # A vocab x hidden matrix (151,936 x 256 float32 = 148 MiB) that dwarfs everything else. The measurement runs the
 # embedding lookup and the head matmul on one Parameter, as a tied Qwen2ForCausalLM does (its decoder layers add

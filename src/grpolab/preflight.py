@@ -36,7 +36,7 @@ from grpolab.distributed import check_trainer
 from grpolab.errors import ConfigError
 from grpolab.evaluation.final import check_final_eval
 from grpolab.lora import LoraSettings, validate_lora
-from grpolab.plan_check import check_memory_plan
+from grpolab.plan.from_config import check_memory_plan
 from grpolab.rollout.engines.base import GenerationEngine
 from grpolab.rollout.resume import resume_conflicts
 from grpolab.rollout.settings import RolloutSettings, resolve_rollout

@@ -25,7 +25,7 @@ from grpolab.distributed import sum_over_ranks
 from grpolab.evaluation.final import FinalEvalStopped, final_eval
 from grpolab.lora import count_parameters, save_policy
 from grpolab.module import GRPOModule
-from grpolab.plan_check import plan_summary
+from grpolab.plan.from_config import plan_summary
 from grpolab.preflight import Checked, preflight
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit

@@ -2,17 +2,17 @@
 
 Every engine declares its own needs with :meth:`~grpolab.rollout.engines.base.GenerationEngine.memory_needs`, from
 its constructor arguments (the ``rollout`` node) and a :class:`GenerationShape` (what the run asks of a sampler);
-the plan (:mod:`grpolab.plan_check`, :mod:`grpolab.memory_plan`) only adds the numbers of the
+the plan (:mod:`grpolab.plan.from_config`, :mod:`grpolab.plan.memory`) only adds the numbers of the
 :class:`SamplerMemory` it gets back, so an engine added later plans its memory without any edit to the plan.
 
-Pure arithmetic on integers, like :mod:`grpolab.memory_plan`: nothing here imports torch or an engine.
+Pure arithmetic on integers, like :mod:`grpolab.plan.memory`: nothing here imports torch or an engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpolab.memory_plan import DECODE_LOGIT_COPIES, ModelShape, kv_cache_bytes, parameter_count
+from grpolab.plan.memory import DECODE_LOGIT_COPIES, ModelShape, kv_cache_bytes, parameter_count
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class GenerationShape:
 
 def decode_cache_bytes(shape: GenerationShape, rows: int) -> int:
     """A decode loop's memory on the training device while ``rows`` sequences are generated at once: the KV cache
-    of ``shape.tokens`` positions (:func:`~grpolab.memory_plan.kv_cache_bytes`, ``compute_bytes`` per element) and
-    one decode step's float32 logits, :data:`~grpolab.memory_plan.DECODE_LOGIT_COPIES` copies of ``rows x vocab``.
+    of ``shape.tokens`` positions (:func:`~grpolab.plan.memory.kv_cache_bytes`, ``compute_bytes`` per element) and
+    one decode step's float32 logits, :data:`~grpolab.plan.memory.DECODE_LOGIT_COPIES` copies of ``rows x vocab``.
 
     Returns:
         Bytes; 0 when ``rows`` is 0.

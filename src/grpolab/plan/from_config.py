@@ -2,9 +2,9 @@
 
 :func:`check_memory_plan` runs in ``grpolab.preflight.preflight`` after the other config checks; :func:`print_plan` is
 ``src/train.py +plan_only=true`` (or ``plan.only=true``): the table and its verdict, then exit 0, loading nothing.
-The arithmetic is in :mod:`grpolab.memory_plan`; the sampler's part is the engine's own
+The arithmetic is in :mod:`grpolab.plan.memory`; the sampler's part is the engine's own
 (:meth:`~grpolab.rollout.engines.base.GenerationEngine.memory_needs`: this module names no engine and reads none of
-an engine's keys); the verdict and ``plan.device_memory`` are :mod:`grpolab.plan_verdict`. This module maps config
+an engine's keys); the verdict and ``plan.device_memory`` are :mod:`grpolab.plan.verdict`. This module maps config
 keys onto the plan and finds the memory the run can see.
 
 The model's shape comes, without any download, from (first match): the ``model.architecture`` node with
@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.errors import ConfigError
 from grpolab.malloc import SMALL_MODEL_TARGETS, check_mmap_threshold
-from grpolab.memory_plan import (
+from grpolab.plan.devices import available_memory, devices_per_node, on_gpu, precision_bytes, strategy_kind
+from grpolab.plan.memory import (
     GIB,
     LINEAR_NAMES,
     MemoryPlan,
@@ -36,8 +37,7 @@ from grpolab.memory_plan import (
     parameter_count,
     plan_memory,
 )
-from grpolab.plan_devices import available_memory, devices_per_node, on_gpu, precision_bytes, strategy_kind
-from grpolab.plan_verdict import fitting_settings, parse_size, verdict
+from grpolab.plan.verdict import fitting_settings, parse_size, verdict
 from grpolab.random_init import check_init
 from grpolab.rollout.schedule import Schedule
 from grpolab.rollout.settings import split_rollout_config
@@ -151,7 +151,7 @@ def _plan_settings(cfg: DictConfig) -> tuple[bool, int]:
 
 def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
                 device_bytes: int | None = None) -> tuple[PlanInputs, list[str]]:
-    """Map the composed config onto :class:`~grpolab.memory_plan.PlanInputs`; also the assumptions made.
+    """Map the composed config onto :class:`~grpolab.plan.memory.PlanInputs`; also the assumptions made.
 
     Args:
         algo: the validated :class:`~grpolab.config.GRPOConfig`. lora: :class:`~grpolab.lora.LoraSettings`.
@@ -270,7 +270,7 @@ def _largest(plan: MemoryPlan, cfg: DictConfig | None) -> str:
 
 
 def fits_with(cfg: DictConfig, plan: MemoryPlan) -> list[str]:
-    """The settings that would each make ``plan`` fit on their own (:func:`~grpolab.plan_verdict.fitting_settings`:
+    """The settings that would each make ``plan`` fit on their own (:func:`~grpolab.plan.verdict.fitting_settings`:
     the config re-planned with each), with the peak each gives."""
     def replan(changed: DictConfig) -> tuple[int | None, int | None]:
         from grpolab.config import GRPOConfig

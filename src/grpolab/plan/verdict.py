@@ -1,6 +1,6 @@
 """The memory plan's verdict: does the run fit the memory it will have, and which single setting would make it fit.
 
-:mod:`grpolab.plan_check` maps a config onto a plan; this module reads ``plan.device_memory`` (the device size to plan
+:mod:`grpolab.plan.from_config` maps a config onto a plan; this module reads ``plan.device_memory`` (the device size to plan
 against when the machine planning is not the one that will run, e.g. ``+plan_only=true`` on a laptop for an 80 GiB
 GPU) and tries settings one at a time by re-planning a copy of the config (``replan``), so the verdict names the knobs
 that are enough on their own, with the peak each gives. Nothing here builds or loads a model.
@@ -17,7 +17,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpolab.errors import ConfigError
-from grpolab.memory_plan import GIB
+from grpolab.plan.memory import GIB
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}

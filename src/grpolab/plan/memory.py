@@ -1,7 +1,7 @@
 """Memory plan of a GRPO run: bytes per process, from the model's shape and the run's settings.
 
 Pure arithmetic on integers: no model, tokenizer or tensor is built, and nothing here imports torch or
-Lightning. :mod:`grpolab.plan_check` reads a composed config into :class:`PlanInputs`, logs the table and
+Lightning. :mod:`grpolab.plan.from_config` reads a composed config into :class:`PlanInputs`, logs the table and
 refuses a run that cannot fit before anything is loaded.
 
 What a process holds (a Qwen2-style decoder: q/k/v with biases, SwiGLU MLP, RMSNorm, optional tied head):
@@ -235,7 +235,7 @@ def layer_activation_bytes(shape: ModelShape, rows: int, prompt_length: int, com
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """Everything the plan depends on, per process (see :mod:`grpolab.plan_check` for the config keys).
+    """Everything the plan depends on, per process (see :mod:`grpolab.plan.from_config` for the config keys).
 
     Attributes:
         shape: the model. param_bytes: bytes per weight (2 or 4). compute_bytes: bytes per activation, logit
