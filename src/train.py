@@ -45,7 +45,7 @@ def main(cfg: DictConfig) -> float | None:
         apply_config(cfg)
         # torch after the override check (a misspelt key is refused in a second), Lightning after every other check
         from grpolab.plan.from_config import print_plan, wants_plan_only
-        from grpolab.preflight import task_wrapper
+        from grpolab.sweep_jobs import task_wrapper
 
         if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
             print_plan(cfg)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
+from grpolab.checkpoint_reading import check_resume_steps, load_checkpoint
 from grpolab.config import GRPOConfig
-from grpolab.config_checks import check_resume_steps, load_checkpoint
 from grpolab.errors import ConfigError
 from grpolab.evaluation.evaluate import evaluate
 from grpolab.preflight import check_saved_rollout, preflight

@@ -106,11 +106,11 @@ def test_merged_state_dict_is_merge_and_unload_bit_for_bit_and_leaves_the_policy
     # What a sampler engine (rollout=vllm) loads: base checkpoint names, LoRA folded in, no merge in place.
     import copy
 
-    from grpolab.lora import LoraSettings, apply_lora, merged_state_dict
+    from grpolab.lora import LoraAdapterConfig, apply_lora, merged_state_dict
 
     base = random_qwen2(build_char_tokenizer(), _arch(), seed=0, dtype=torch.float32)
     names = set(base.state_dict())
-    policy = apply_lora(base, LoraSettings(r=4, alpha=8))
+    policy = apply_lora(base, LoraAdapterConfig(r=4, alpha=8))
     with torch.no_grad():
         for n, p in policy.named_parameters():
             if "lora_B" in n:

@@ -7,7 +7,7 @@ from conftest import compose_train_cfg
 from omegaconf import OmegaConf
 
 from grpolab.config import GRPOConfig
-from grpolab.lora import LoraSettings, apply_lora, count_parameters, validate_lora
+from grpolab.lora import LoraAdapterConfig, apply_lora, count_parameters, validate_lora
 from grpolab.plan.from_config import make_plan
 from grpolab.plan.memory import (
     GIB,
@@ -55,7 +55,7 @@ def test_lora_count_matches_peft(targets):
     expected = {"q_proj,v_proj": 2 * 2 * (16 + 12)}.get(",".join(targets) if isinstance(targets, list) else "", 512)
     assert lora_parameter_count(shape, 2, targets) == expected
     model = apply_lora(random_from_architecture(SMALL, seed=0, dtype=torch.float32),
-                       LoraSettings(r=2, target_modules=targets))
+                       LoraAdapterConfig(r=2, target_modules=targets))
     assert count_parameters(model)["num_trainable_params"] == expected
     with pytest.raises(ValueError, match="model.lora.target_modules"):
         lora_parameter_count(shape, 2, ["c_attn"])

@@ -24,7 +24,7 @@ DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 
 
 @dataclass
-class LoraSettings:
+class LoraAdapterConfig:
     """``model.lora``: LoRA adapters on the policy (PEFT ``LoraConfig``); ``r = None`` = full fine-tuning.
 
     Attributes:
@@ -61,7 +61,7 @@ class LoraSettings:
             self.target_modules = tm
 
     @classmethod
-    def from_dict(cls, values: Any) -> LoraSettings:
+    def from_dict(cls, values: Any) -> LoraAdapterConfig:
         """From ``model.lora`` (a dict/DictConfig, or None for full fine-tuning); unknown keys raise."""
         if values is None:
             return cls()
@@ -78,13 +78,13 @@ class LoraSettings:
         return self.r is not None
 
 
-def validate_lora(values: Any, ref_refresh_every: int | None = None) -> LoraSettings:
+def validate_lora(values: Any, ref_refresh_every: int | None = None) -> LoraAdapterConfig:
     """Check ``model.lora`` (and its combination with ``algo.ref_refresh_every``) before any model is built.
 
     Raises:
         ValueError: naming the key at fault.
     """
-    settings = LoraSettings.from_dict(values)
+    settings = LoraAdapterConfig.from_dict(values)
     if settings.enabled and ref_refresh_every:
         raise ConfigError(f"algo.ref_refresh_every={ref_refresh_every} cannot be used with model.lora.r={settings.r}: "
                           "the LoRA reference model is the base weights with the adapters disabled; set "
@@ -97,7 +97,7 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
 
 
-def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, settings: LoraAdapterConfig) -> torch.nn.Module:
     """Wrap ``model`` in a PEFT LoRA model (base weights frozen); returns ``model`` unchanged when disabled.
 
     With ``settings.dropout > 0`` it logs one warning per wrapped model: PEFT's ``lora_dropout`` modules are added

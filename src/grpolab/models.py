@@ -37,7 +37,7 @@ from transformers import (
 
 from grpolab.config_checks import check_local_folder
 from grpolab.errors import ConfigError
-from grpolab.lora import AdapterDisabledReference, LoraSettings, apply_lora, is_peft
+from grpolab.lora import AdapterDisabledReference, LoraAdapterConfig, apply_lora, is_peft
 from grpolab.random_init import check_init, random_from_architecture
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class PretrainedModel:
         dtype: ``float32`` | ``bfloat16`` | ``float16`` for the weights.
         gradient_checkpointing: trade compute for activation memory in the policy.
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``flash_attention_2``, ``eager``).
-        lora: ``model.lora`` (:class:`~grpolab.lora.LoraSettings`); ``r: null`` = full fine-tuning.
+        lora: ``model.lora`` (:class:`~grpolab.lora.LoraAdapterConfig`); ``r: null`` = full fine-tuning.
         init: ``pretrained`` | ``random`` (``architecture`` with random weights seeded by ``seed``, no weight
             download: :mod:`grpolab.random_init`). architecture: the ``config.json`` values.
     """
@@ -148,7 +148,7 @@ class PretrainedModel:
         architecture: dict | None = None,
         seed: int = 0,
     ) -> None:
-        self.lora = LoraSettings.from_dict(lora)  # validated before any model is built
+        self.lora = LoraAdapterConfig.from_dict(lora)  # validated before any model is built
         self.init, self.architecture, self.seed = init, check_init(init, architecture), seed
         if init == "random":  # read by the prompt-length default instead of the hub's config.json
             self.arch = self.architecture

@@ -2,44 +2,30 @@
 
 ``src/train.py`` calls :func:`preflight` first, so a config error costs the import of torch and transformers
 (a few seconds) instead of the whole training stack's; :func:`grpolab.run.build` takes its result and never
-checks again. :func:`task_wrapper` (what a multirun job does with an error) lives here for the same reason.
+checks again.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import sys
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.cli import one_line, user_error, wants_traceback
+from grpolab.checkpoint_reading import check_checkpoint, check_resume_steps, load_checkpoint
 from grpolab.config import GRPOConfig
-from grpolab.config_checks import (
-    check_checkpoint,
-    check_paths,
-    check_precision,
-    check_required,
-    check_resume_steps,
-    check_types,
-    load_checkpoint,
-)
+from grpolab.config_checks import check_paths, check_precision, check_required, check_types
 from grpolab.distributed import check_trainer
 from grpolab.errors import ConfigError
 from grpolab.evaluation.final import check_final_eval
-from grpolab.lora import LoraSettings, validate_lora
+from grpolab.lora import LoraAdapterConfig, validate_lora
 from grpolab.plan.from_config import check_memory_plan
 from grpolab.rollout.engines.base import GenerationEngine
 from grpolab.rollout.resume import resume_conflicts
-from grpolab.rollout.settings import RolloutSettings, resolve_rollout
+from grpolab.rollout.settings import RolloutConfig, resolve_rollout
 
 DATAMODULE_STATE_KEY = "RolloutDataModule"  # where Lightning keeps the data module's state_dict in a checkpoint
 
@@ -54,8 +40,8 @@ class Checked:
     algo: GRPOConfig
     engine_cls: type[GenerationEngine]
     engine_args: dict[str, Any]
-    settings: RolloutSettings
-    lora: LoraSettings
+    settings: RolloutConfig
+    lora: LoraAdapterConfig
     resume_drop_buffer: bool
 
 
@@ -132,28 +118,3 @@ def import_plugins(modules: list[str]) -> None:
         except ImportError as err:
             raise ConfigError(f"imports: cannot import {name!r} ({err}); give a module on the Python path or in the "
                               f"working directory") from err
-
-
-def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfig], dict | None]:
-    """In a multirun, a failing job writes ``error.txt`` in its folder and the sweep goes on (a config error is
-    logged as its one line, anything else with its traceback); a single run re-raises so the exit status is
-    non-zero."""
-
-    @functools.wraps(fn)
-    def wrapped(cfg: DictConfig) -> dict | None:
-        try:
-            return fn(cfg)
-        except Exception as ex:
-            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-            if not multirun:
-                raise
-            out = Path(cfg.paths.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "error.txt").write_text(traceback.format_exc())
-            if (err := user_error(ex)) is not None and not wants_traceback():  # a config error: its line only
-                log.error("job failed: %s; the sweep continues (see %s)", one_line(str(err)), out / "error.txt")
-            else:
-                log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
-            return None
-
-    return wrapped

@@ -1,5 +1,6 @@
-"""Jobs at once on one machine (``hydra/launcher=joblib``): a one-line warning when they ask for more threads
-than the machine has cores.
+"""The jobs of a multirun: what a failing job does (:func:`task_wrapper`: its error in the job's folder, the sweep goes
+on), and, for jobs at once on one machine (``hydra/launcher=joblib``), a one-line warning when they ask for more
+threads than the machine has cores.
 
 ``conf/hydra/launcher/joblib.yaml`` runs ``hydra.launcher.n_jobs`` jobs at once (-1: one per core), each in its own
 process with ``torch_threads`` torch threads. N jobs x T threads beyond the cores oversubscribes the CPU: every
@@ -10,10 +11,18 @@ thread (``torch_threads=auto``), so N = cores.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from grpolab.cli import one_line, user_error, wants_traceback
 
 log = logging.getLogger("grpolab")
 
@@ -54,3 +63,28 @@ def check_cores(cfg: DictConfig) -> str | None:
     if warning:
         log.warning(warning)
     return warning
+
+
+def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfig], dict | None]:
+    """In a multirun, a failing job writes ``error.txt`` in its folder and the sweep goes on (a config error is
+    logged as its one line, anything else with its traceback); a single run re-raises so the exit status is
+    non-zero."""
+
+    @functools.wraps(fn)
+    def wrapped(cfg: DictConfig) -> dict | None:
+        try:
+            return fn(cfg)
+        except Exception as ex:
+            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+            if not multirun:
+                raise
+            out = Path(cfg.paths.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "error.txt").write_text(traceback.format_exc())
+            if (err := user_error(ex)) is not None and not wants_traceback():  # a config error: its line only
+                log.error("job failed: %s; the sweep continues (see %s)", one_line(str(err)), out / "error.txt")
+            else:
+                log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
+            return None
+
+    return wrapped

@@ -123,7 +123,7 @@ def resume_or_skip(cfg: DictConfig) -> dict | None:
 
 def checkpoint_step(ckpt: Path) -> int:
     """``global_step`` of a Lightning checkpoint (memory-mapped: the weights are not read)."""
-    from grpolab.config_checks import load_checkpoint
+    from grpolab.checkpoint_reading import load_checkpoint
 
     return int(load_checkpoint(str(ckpt)).get("global_step", 0))
 

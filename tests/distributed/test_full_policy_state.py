@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from conftest import TINY_ARCH
 
 from grpolab.distributed import is_sharded, shard_models
-from grpolab.lora import LoraSettings, apply_lora, full_policy_state, merged_state_dict
+from grpolab.lora import LoraAdapterConfig, apply_lora, full_policy_state, merged_state_dict
 from grpolab.models import build_char_tokenizer, random_qwen2
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
@@ -24,7 +24,7 @@ def _policy(lora: bool) -> torch.nn.Module:
     model = random_qwen2(build_char_tokenizer(), TINY_ARCH, seed=0, dtype=torch.float32)
     if not lora:
         return model
-    model = apply_lora(model, LoraSettings(r=4))
+    model = apply_lora(model, LoraAdapterConfig(r=4))
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # trained adapters (PEFT starts lora_B at 0, where merging changes nothing)
         for name, p in model.named_parameters():

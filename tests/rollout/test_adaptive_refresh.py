@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from grpolab.config import GRPOConfig
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
-from grpolab.rollout.settings import RolloutSettings
+from grpolab.rollout.settings import RolloutConfig
 from grpolab.run import run_training
 
 # k = 4, a learning rate high enough for the tiny random model to drift measurably within a buffer
@@ -62,4 +62,4 @@ def test_adaptive_resume_is_exact(tmp_path):
 ])
 def test_adaptive_settings_are_checked_naming_the_key(settings, algo, match):
     with pytest.raises(ValueError, match=match):
-        RolloutSettings(**settings).validate(GRPOConfig(**algo), HFSamplerCopyEngine)
+        RolloutConfig(**settings).validate(GRPOConfig(**algo), HFSamplerCopyEngine)

@@ -6,7 +6,7 @@ import torch
 from grpolab.rollout.engines.base import SamplingParams
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
-from grpolab.rollout.settings import RolloutSettings, split_rollout_config
+from grpolab.rollout.settings import RolloutConfig, split_rollout_config
 
 
 def _setup(tiny_spec):
@@ -70,15 +70,15 @@ def test_rollout_settings_split_and_validate():
     assert args == {"_target_": "x", "generation_batch_size": None}
     k10 = GRPOConfig(steps_per_generation=10)
     assert settings.validate(k10, HFSamplerCopyEngine).schedule(k10).push_delay() == 0  # 2k-1 = 19 <= 25: full overlap
-    assert RolloutSettings(True, 14).schedule(k10).push_delay() == 5  # lags 10-5 .. 19-5
-    assert RolloutSettings(True, 9).schedule(k10).push_delay() == 10  # no overlap: lags 0..9
+    assert RolloutConfig(True, 14).schedule(k10).push_delay() == 5  # lags 10-5 .. 19-5
+    assert RolloutConfig(True, 9).schedule(k10).push_delay() == 10  # no overlap: lags 0..9
     with pytest.raises(ValueError, match="rollout.async_generation"):  # the in-place engine owns no weights
-        RolloutSettings(async_generation=True).validate(k10, HFGenerationEngine)
-    RolloutSettings(async_generation=True).validate(k10, HFSamplerCopyEngine)
+        RolloutConfig(async_generation=True).validate(k10, HFGenerationEngine)
+    RolloutConfig(async_generation=True).validate(k10, HFSamplerCopyEngine)
     with pytest.raises(ValueError, match="rollout.max_lag"):
-        RolloutSettings(max_lag=8).validate(k10, HFSamplerCopyEngine)
+        RolloutConfig(max_lag=8).validate(k10, HFSamplerCopyEngine)
     with pytest.raises(ValueError, match="rollout.generation_timeout_s"):
-        RolloutSettings(generation_timeout_s=0).validate(k10, HFSamplerCopyEngine)
+        RolloutConfig(generation_timeout_s=0).validate(k10, HFSamplerCopyEngine)
 
 
 def test_an_engine_that_owns_weights_must_checkpoint_them():

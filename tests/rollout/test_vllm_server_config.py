@@ -107,17 +107,17 @@ def test_a_given_url_that_never_answers_is_named_within_the_startup_timeout(tmp_
 
 
 def test_a_started_cpu_server_prefills_whole_prompts():
-    from grpolab.rollout.engines.vllm_server.settings import ServerSettings, server_args
+    from grpolab.rollout.engines.vllm_server.settings import ServerConfig, server_args
 
     knobs = {"tensor_parallel_size": 1, "max_model_len": None}
-    cpu, _, _ = server_args(ServerSettings(), knobs, "/m", "policy", "float32", on_gpu=False, context_len=32768)
+    cpu, _, _ = server_args(ServerConfig(), knobs, "/m", "policy", "float32", on_gpu=False, context_len=32768)
     # a chunked prefill of a seeded request kills vLLM's CPU engine core: whole prompts, a budget of the context
     assert "--no-enable-chunked-prefill" in cpu
     assert cpu[cpu.index("--max-num-batched-tokens") + 1] == "32768"
-    small, _, _ = server_args(ServerSettings(), {**knobs, "max_model_len": 64}, "/m", "policy", "float32",
+    small, _, _ = server_args(ServerConfig(), {**knobs, "max_model_len": 64}, "/m", "policy", "float32",
                               on_gpu=False, context_len=32768)
     assert small[small.index("--max-num-batched-tokens") + 1] == "2048"  # never below vLLM's own CPU budget
-    gpu, _, _ = server_args(ServerSettings(), knobs, "/m", "policy", "bfloat16", on_gpu=True, context_len=32768)
+    gpu, _, _ = server_args(ServerConfig(), knobs, "/m", "policy", "bfloat16", on_gpu=True, context_len=32768)
     assert "--no-enable-chunked-prefill" not in gpu and "--max-num-batched-tokens" not in gpu
 
 

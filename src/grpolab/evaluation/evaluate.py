@@ -36,7 +36,7 @@ log = logging.getLogger("grpolab.eval")
 
 
 @dataclass
-class SamplingSettings:
+class SamplingConfig:
     """The sampling fields :class:`~grpolab.rollout.producer.RolloutProducer` reads (duck-typed in place of
     the training ``GRPOConfig``, whose checks forbid top-p/top-k truncation that evaluation may use)."""
 
@@ -103,7 +103,7 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
     """
     policy = spec.load_policy(task)
     if cfg.get("ckpt_path"):
-        from grpolab.config_checks import check_checkpoint, load_checkpoint
+        from grpolab.checkpoint_reading import check_checkpoint, load_checkpoint
 
         path = check_checkpoint(cfg.ckpt_path)  # missing, empty or truncated: an error naming the path
         ckpt = load_checkpoint(path, mmap=False)  # weights and plain values only: a file that runs code is refused
@@ -124,10 +124,10 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_sampling(cfg: DictConfig) -> SamplingSettings:
+def build_sampling(cfg: DictConfig) -> SamplingConfig:
     """Sampling settings from ``cfg.eval``."""
     e = cfg.eval
-    return SamplingSettings(temperature=float(e.temperature), top_p=float(e.top_p), top_k=int(e.top_k or 0),
+    return SamplingConfig(temperature=float(e.temperature), top_p=float(e.top_p), top_k=int(e.top_k or 0),
                             max_completion_length=int(e.max_new_tokens),
                             max_prompt_length=None if e.max_prompt_length is None else int(e.max_prompt_length),
                             truncated_reward=None if e.truncated_reward is None else float(e.truncated_reward))

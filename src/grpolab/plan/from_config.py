@@ -154,7 +154,7 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
     """Map the composed config onto :class:`~grpolab.plan.memory.PlanInputs`; also the assumptions made.
 
     Args:
-        algo: the validated :class:`~grpolab.config.GRPOConfig`. lora: :class:`~grpolab.lora.LoraSettings`.
+        algo: the validated :class:`~grpolab.config.GRPOConfig`. lora: :class:`~grpolab.lora.LoraAdapterConfig`.
         device_bytes: one GPU's memory, for the engine's :class:`~grpolab.sampler_memory.GenerationShape`
             (e.g. vLLM's ``gpu_memory_utilization`` share; None = unknown).
     """
@@ -321,10 +321,10 @@ def plan_summary(cfg: DictConfig) -> dict | None:
     """``summary.json``'s ``memory_plan``: the plan logged before the run (recomputed from the config, so the
     same numbers), with ``available_bytes``; None without a known shape."""
     from grpolab.config import GRPOConfig
-    from grpolab.lora import LoraSettings
+    from grpolab.lora import LoraAdapterConfig
 
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
-    plan, budget, _ = make_plan(cfg, algo, LoraSettings.from_dict(cfg.model.get("lora")))
+    plan, budget, _ = make_plan(cfg, algo, LoraAdapterConfig.from_dict(cfg.model.get("lora")))
     return None if plan is None else {**plan.to_dict(), "available_bytes": budget}
 
 

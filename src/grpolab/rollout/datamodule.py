@@ -28,7 +28,7 @@ from grpolab.rollout.prompt_order import PromptOrder, check_split_sizes
 from grpolab.rollout.refresh import SyncRefresh, make_refresh
 from grpolab.rollout.resume import buffer_settings, resumable_state
 from grpolab.rollout.sampler import SamplerPolicy
-from grpolab.rollout.settings import RolloutSettings
+from grpolab.rollout.settings import RolloutConfig
 
 
 @dataclass
@@ -55,7 +55,7 @@ class RolloutDataModule(L.LightningDataModule):
         verifier: callable ``(completions, **columns) -> RewardOutput``.
         engine: the generation engine.
         cfg: validated :class:`~grpolab.config.GRPOConfig`.
-        settings: validated :class:`~grpolab.rollout.settings.RolloutSettings` (default: synchronous).
+        settings: validated :class:`~grpolab.rollout.settings.RolloutConfig` (default: synchronous).
         seed: seeds the prompt order and the sampling RNG of each refresh.
         val_batch_size: held-out prompts per validation batch.
         val_num_generations: samples per held-out prompt (mean@n at the training temperature), plus one greedy.
@@ -64,7 +64,7 @@ class RolloutDataModule(L.LightningDataModule):
     """
 
     def __init__(self, task: Any, verifier: Any, engine: GenerationEngine, cfg: GRPOConfig,
-                 settings: RolloutSettings | None = None, seed: int = 0, val_batch_size: int = 64,
+                 settings: RolloutConfig | None = None, seed: int = 0, val_batch_size: int = 64,
                  val_num_generations: int = 4, resume_drop_buffer: bool = False,
                  val_max_prompts: int | None = None) -> None:
         super().__init__()
@@ -73,7 +73,7 @@ class RolloutDataModule(L.LightningDataModule):
         if val_max_prompts is not None and val_max_prompts < 1:
             raise ValueError(f"val.max_prompts must be null or an int >= 1, got {val_max_prompts}")
         self.task, self.verifier, self.engine, self.cfg, self.seed = task, verifier, engine, cfg, seed
-        self.settings = settings or RolloutSettings()
+        self.settings = settings or RolloutConfig()
         self.val_batch_size, self.val_num_generations = val_batch_size, val_num_generations
         self.val_max_prompts = val_max_prompts
         self.resume_drop_buffer = resume_drop_buffer

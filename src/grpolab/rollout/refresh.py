@@ -33,7 +33,7 @@ from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder
 from grpolab.rollout.sampler import SamplerPolicy
 from grpolab.rollout.sampler_failure import SamplerFailure
-from grpolab.rollout.settings import RolloutSettings
+from grpolab.rollout.settings import RolloutConfig
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class AsyncRefresh(SyncRefresh):
         Others: as :class:`SyncRefresh`.
     """
 
-    def __init__(self, *args: Any, settings: RolloutSettings, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: RolloutConfig, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings
         self.sampler.engine.keep_sampler_state()  # a checkpoint may hold a buffer in flight
@@ -370,7 +370,7 @@ class AsyncRefresh(SyncRefresh):
             torch.set_num_threads(self._all_threads)
 
 
-def make_refresh(settings: RolloutSettings, *args: Any) -> SyncRefresh:
+def make_refresh(settings: RolloutConfig, *args: Any) -> SyncRefresh:
     """The refresh strategy ``settings`` ask for (:class:`AsyncRefresh` with ``rollout.async_generation``), built
     with :class:`SyncRefresh`'s arguments."""
     return AsyncRefresh(*args, settings=settings) if settings.async_generation else SyncRefresh(*args)

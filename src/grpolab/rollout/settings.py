@@ -1,7 +1,7 @@
 """The ``rollout`` group's schedule settings that are not engine constructor arguments (conf/rollout/base.yaml).
 
 Pure and Lightning-free: :func:`split_rollout_config` separates them from the engine's arguments and
-:class:`RolloutSettings` validates them before any model is built.
+:class:`RolloutConfig` validates them before any model is built.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from grpolab.rollout.schedule import Schedule
 
 
 @dataclass
-class RolloutSettings:
+class RolloutConfig:
     """How rollout buffers are scheduled.
 
     Attributes:
@@ -59,7 +59,7 @@ class RolloutSettings:
     refresh: str = "steps"
     max_drift: float | None = None
 
-    def validate(self, algo: GRPOConfig, engine: type[GenerationEngine]) -> RolloutSettings:
+    def validate(self, algo: GRPOConfig, engine: type[GenerationEngine]) -> RolloutConfig:
         """Check the values against the algorithm and the engine's capabilities; returns self.
 
         Raises:
@@ -105,15 +105,15 @@ class RolloutSettings:
         return Schedule(algo.steps_per_generation, algo.num_iterations, self.max_lag, self.overlap_steps)
 
 
-def split_rollout_config(rollout: dict[str, Any]) -> tuple[dict[str, Any], RolloutSettings]:
-    """Split the composed ``rollout`` node into (engine constructor arguments, :class:`RolloutSettings`)."""
-    names = {f.name for f in fields(RolloutSettings)}
-    settings = RolloutSettings(**{k: v for k, v in rollout.items() if k in names})
+def split_rollout_config(rollout: dict[str, Any]) -> tuple[dict[str, Any], RolloutConfig]:
+    """Split the composed ``rollout`` node into (engine constructor arguments, :class:`RolloutConfig`)."""
+    names = {f.name for f in fields(RolloutConfig)}
+    settings = RolloutConfig(**{k: v for k, v in rollout.items() if k in names})
     return {k: v for k, v in rollout.items() if k not in names}, settings
 
 
 def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig | None) -> tuple[type[GenerationEngine],
-                                                                                  dict[str, Any], RolloutSettings]:
+                                                                                  dict[str, Any], RolloutConfig]:
     """The engine class, its constructor arguments and the validated schedule settings of a ``rollout`` node.
 
     The class is the node's ``_target_`` (``conf/rollout/<name>.yaml``), or its :meth:`GenerationEngine.async_engine`

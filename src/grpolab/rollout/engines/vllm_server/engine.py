@@ -54,7 +54,7 @@ from .guards import check_weight_versions
 from .process import RequestPool, ServerClient, ServerError, ServerProcess, free_port
 from .ranks import barrier, probe_from_rank0, rank_world
 from .restart import RestartBudget
-from .settings import ServerSettings, check_engine_args, server_args
+from .settings import ServerConfig, check_engine_args, server_args
 from .transport import FilePush, NcclPush
 
 SERVED_NAME = "grpolab-policy"
@@ -67,7 +67,7 @@ class VLLMServerEngine(GenerationEngine):
     Args:
         stop_token_ids: token ids that end a completion.
         pad_token_id: id used to pad completions.
-        server: ``rollout.server`` (:class:`~grpolab.rollout.engines.vllm_server.settings.ServerSettings`): where the
+        server: ``rollout.server`` (:class:`~grpolab.rollout.engines.vllm_server.settings.ServerConfig`): where the
             server runs or is, its devices, timeouts, requests in flight and weight transport.
         dtype: the server's weights' dtype; ``auto`` = the policy's (keeps engine and trainer log-probs comparable).
         max_model_len, kv_cache_memory_bytes, gpu_memory_utilization, enforce_eager, max_num_seqs,
@@ -122,7 +122,7 @@ class VLLMServerEngine(GenerationEngine):
         self.knobs = dict(dtype=dtype, max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes,
                           gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                           max_num_seqs=max_num_seqs, tensor_parallel_size=tensor_parallel_size)
-        self.settings: ServerSettings = check_engine_args({"server": server or {}, **self.knobs,
+        self.settings: ServerConfig = check_engine_args({"server": server or {}, **self.knobs,
                                                            "sync_check_tolerance": sync_check_tolerance})
         self.stop_token_ids = sorted({int(i) for i in stop_token_ids})
         self.pad_token_id = int(pad_token_id)

@@ -15,7 +15,7 @@ CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # as rollout=vllm: 1 GiB when rollout.kv_c
 
 
 @dataclass
-class ServerSettings:
+class ServerConfig:
     """Where the sampler server runs and how the engine talks to it (``conf/rollout/vllm_server.yaml``).
 
     Attributes:
@@ -80,11 +80,11 @@ def _positive(name: str, value: Any, integer: bool = False) -> None:
         raise ConfigError(f"{name} must be {kind} > 0, got {value!r}")
 
 
-def check_engine_args(args: dict[str, Any]) -> ServerSettings:
+def check_engine_args(args: dict[str, Any]) -> ServerConfig:
     """Validate the engine's part of the ``rollout`` node (``server`` and the vLLM knobs).
 
     Returns:
-        The :class:`ServerSettings`.
+        The :class:`ServerConfig`.
 
     Raises:
         ConfigError: naming ``rollout.server.<key>`` or ``rollout.<key>``, and the fix.
@@ -92,12 +92,12 @@ def check_engine_args(args: dict[str, Any]) -> ServerSettings:
     raw = args.get("server") or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"rollout.server must be a mapping of settings, got {raw!r}")
-    names = {f.name for f in fields(ServerSettings)}
+    names = {f.name for f in fields(ServerConfig)}
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"rollout.server.{unknown[0]} is not a setting of rollout=vllm_server (known: "
                           f"{', '.join(sorted(names))})")
-    s = ServerSettings(**raw)
+    s = ServerConfig(**raw)
     if s.url is not None and not (isinstance(s.url, str) and s.url.startswith(("http://", "https://"))
                                   and len(s.url.split("://", 1)[1].strip("/")) > 0):
         raise ConfigError(f"rollout.server.url must be null (start a server) or http://host:port, got {s.url!r}")
@@ -149,7 +149,7 @@ def _check_knobs(args: dict[str, Any]) -> None:
         _positive("rollout.sync_check_tolerance", args["sync_check_tolerance"])
 
 
-def server_args(s: ServerSettings, knobs: dict[str, Any], model_dir: str, served_name: str, dtype: str,
+def server_args(s: ServerConfig, knobs: dict[str, Any], model_dir: str, served_name: str, dtype: str,
                 on_gpu: bool, context_len: int | None = None) -> tuple[list[str], dict[str, str], list[int] | None]:
     """The started server's ``vllm serve`` arguments, environment and CPU cores (None: not pinned).
 
