@@ -48,6 +48,9 @@ def main(cfg: DictConfig) -> float | None:
         from grpolab.sweep_jobs import task_wrapper
 
         if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
+            from grpolab.preflight import import_plugins
+
+            import_plugins(cfg.get("imports") or [])  # a loss variant the plan's algo.* names may live there
             print_plan(cfg)
             discard_empty_run_folder()  # the plan is on stdout: no run folder with an empty train.log
             return None

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from grpolab.algo.loss_config import LossConfig
+from grpolab.algo.policy_loss import POLICY_LOSSES
 from grpolab.config_checks import simple_types, type_error
 from grpolab.errors import ConfigError
 
@@ -139,10 +140,12 @@ class GRPOConfig(LossConfig):
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
-        """Build from a plain dict, ignoring the optimizer/scheduler partials; unknown keys raise."""
-        known = {f.name for f in fields(cls)}
+        """Build from a plain dict, ignoring the optimizer/scheduler partials; unknown keys raise, except the keys a
+        registered variant declares in its ``options`` (kept in ``variant_options``)."""
+        known = {f.name for f in fields(cls)} - {"variant_options"}
         skip = {"optimizer", "lr_scheduler"}
-        unknown = sorted(set(values) - known - skip)
+        declared = {o for v in POLICY_LOSSES.values() for o in v.options} - known  # a variant's own knobs
+        unknown = sorted(set(values) - known - skip - declared)
         if unknown:
             hints = []
             for key in unknown:
@@ -151,7 +154,8 @@ class GRPOConfig(LossConfig):
                              else f"algo.{key}")
             raise ConfigError(f"algo: unknown key(s) {', '.join(hints)}; correct or remove them (known keys: "
                               f"{', '.join(sorted(known))})")
-        return cls(**{k: v for k, v in values.items() if k in known})
+        return cls(**{k: v for k, v in values.items() if k in known},
+                   variant_options={k: v for k, v in values.items() if k in declared})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

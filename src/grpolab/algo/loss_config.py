@@ -10,7 +10,8 @@ registered before the config is built is accepted.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpolab.algo.corrections  # noqa: F401  (registers the off-policy corrections as clip_mode variants)
 from grpolab.algo.aggregation import get_aggregation
@@ -54,6 +55,10 @@ class LossConfig:
         is_mask_high: ``None`` or a number ``>= 1``: upper end of the band of ``seq_is_mask``, ``geo_seq_mask``
             and ``token_is_mask`` (null = the variant's default).
 
+        variant_options: the values of keys that a variant registered outside this class declares in its
+            ``options`` (``register_policy_loss(name, options=("my_scale",))``), set as ``+algo.my_scale=0.5`` and
+            read as ``cfg.my_scale``; a key no variant declares is refused by :meth:`GRPOConfig.from_dict`.
+
     Raises:
         ValueError: naming ``algo.<field>`` for any invalid value; an unknown ``clip_mode`` or ``loss_type``
             lists the registered names.
@@ -73,6 +78,18 @@ class LossConfig:
     proximal_policy: str | None = None
     is_mask_low: float | None = None
     is_mask_high: float | None = None
+    variant_options: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        """``cfg.<key>`` for a key a registered variant declares in its ``options`` and that is not a field: its
+        value from ``variant_options`` (``+algo.<key>=...``), else None. Called only for names that are not
+        attributes."""
+        options = self.__dict__.get("variant_options")
+        if options is not None and name in options:
+            return options[name]
+        if any(name in v.options for v in POLICY_LOSSES.values()):
+            return None
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def __post_init__(self) -> None:
         if not (_is_number(self.epsilon) and self.epsilon > 0):
