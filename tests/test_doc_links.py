@@ -79,3 +79,9 @@ def missing_pages() -> list[str]:
 
 def test_every_docs_page_named_in_the_repository_exists():
     assert missing_pages() == []
+
+
+def test_the_readme_is_a_guide_of_at_most_200_lines_with_the_docs_map_in_its_first_100():
+    lines = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200
+    assert any(line.startswith("## Documentation") for line in lines[:100])
