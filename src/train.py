@@ -58,7 +58,12 @@ def main(cfg: DictConfig) -> float | None:
     if summary is not None and summary.get("failed"):  # a sampler failure: outputs saved, one line, exit 1
         _report_failure(cfg, summary["failure"])
     if summary is not None and summary.get("interrupted"):  # Ctrl-C / SIGTERM: outputs saved, exit 130 / 143
-        sys.exit(128 + signal.Signals[summary["signal"]])
+        from grpolab.sweep_jobs import JobInterrupted, in_joblib_sweep
+
+        code = 128 + signal.Signals[summary["signal"]]
+        if in_joblib_sweep():  # the launcher exits with it once every job has saved
+            raise JobInterrupted(code)
+        sys.exit(code)
     return None if summary is None else summary.get("val_accuracy_end")
 
 

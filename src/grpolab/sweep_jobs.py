@@ -88,3 +88,27 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
             return None
 
     return wrapped
+
+
+class JobInterrupted(Exception):
+    """A job of a ``hydra/launcher=joblib`` sweep stopped by a signal, its outputs saved: raised instead of
+    ``sys.exit(code)``, because a loky worker that exits takes its sibling jobs down, mid-save. Hydra records it as
+    the job's result; the launcher ends the sweep with ``code`` once every job has returned.
+
+    Attributes:
+        code: the exit status, 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
+    """
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"the job stopped on a signal (exit status {code}); its last.ckpt and summary.json are saved")
+        self.code = int(code)
+
+    def __reduce__(self) -> tuple:  # back from the worker process intact
+        return (JobInterrupted, (self.code,))
+
+
+def in_joblib_sweep() -> bool:
+    """True inside a job of a ``hydra/launcher=joblib`` multirun (our launcher's ``_target_``)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return False
+    return "grpolab_joblib" in str(OmegaConf.select(HydraConfig.get(), "launcher._target_") or "")

@@ -15,7 +15,10 @@ from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 DIED = "CUDA error: an illegal memory access was encountered (engine died)"
 
 
-class FailingHFEngine(HFGenerationEngine):
+class _FailsAtCall:
+    """Raises :data:`DIED` from the ``fail_at_call``-th ``generate`` (1-based); the engine it is mixed into does
+    the rest."""
+
     def __init__(self, *args, fail_at_call: int = 3, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fail_at_call, self.calls = int(fail_at_call), 0
@@ -27,16 +30,12 @@ class FailingHFEngine(HFGenerationEngine):
         return super().generate(model, prompts, params)
 
 
-class FailingCopyEngine(HFSamplerCopyEngine):
-    def __init__(self, *args, fail_at_call: int = 3, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.fail_at_call, self.calls = int(fail_at_call), 0
+class FailingHFEngine(_FailsAtCall, HFGenerationEngine):
+    """The in-place HF engine, failing at one call."""
 
-    def generate(self, model, prompts, params):
-        self.calls += 1
-        if self.calls == self.fail_at_call:
-            raise RuntimeError(DIED)
-        return super().generate(model, prompts, params)
+
+class FailingCopyEngine(_FailsAtCall, HFSamplerCopyEngine):
+    """The copy-owning HF engine, failing at one call."""
 
 
 class SamplerDied(RuntimeError):

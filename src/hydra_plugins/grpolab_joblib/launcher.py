@@ -3,7 +3,8 @@
 Ctrl-C (and SLURM's SIGTERM) reaches every process of the group: each job, in its loky worker, stops at its next
 step boundary and saves ``last.ckpt`` and an interrupted ``summary.json`` (``grpolab/callbacks/interrupt.py``).
 The launcher process, left alone, raises ``KeyboardInterrupt`` in joblib, which then kills the workers, often
-before they have saved (the sweep then ends with exit -2 and no checkpoint). :class:`JoblibLauncher` therefore records the first
+before they have saved (the sweep then ends with exit -2 and no checkpoint); and a job that ends with ``sys.exit``
+takes its worker down, and joblib the other workers with it, mid-save. :class:`JoblibLauncher` therefore records the first
 SIGINT/SIGTERM in the launcher process and waits for the jobs (the sweep ends with their exit status, 130 or 143);
 a second signal aborts at once, as in a single run. A signal sent to the launcher process alone (``kill <pid>``)
 is not passed on (a job would take it as the second one): send it to the group, ``kill -INT -<pgid>``.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
@@ -22,7 +24,7 @@ from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher a
 
 log = logging.getLogger("grpolab")
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
@@ -57,5 +59,15 @@ class JoblibLauncher(_HydraJoblibLauncher):
     launcher process waits for its jobs on the first SIGINT/SIGTERM (:func:`jobs_save_first`)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        """Run the jobs; when any stopped on a signal (:class:`~grpolab.sweep_jobs.JobInterrupted`: a job raises it
+        rather than exit, so its worker stays up while the others save), exit with its status once all returned."""
+        from grpolab.sweep_jobs import JobInterrupted
+
         with jobs_save_first():
-            return super().launch(job_overrides, initial_job_idx)
+            results = super().launch(job_overrides, initial_job_idx)
+        codes = [r._return_value.code for r in results if isinstance(r._return_value, JobInterrupted)]
+        if codes:
+            log.warning("%d of %d jobs stopped on a signal and saved last.ckpt; rerun the same command to resume them",
+                        len(codes), len(results))
+            sys.exit(max(codes))
+        return results

@@ -1,8 +1,8 @@
 """``rollout=vllm_server``: the sampler is a vLLM server in its own process, on its own devices or CPU cores, and
 receives the policy's weights once per sampler refresh (every ``algo.steps_per_generation`` steps).
 
-The server is either started by the run (:class:`~grpolab.rollout.engines.vllm_server.process.ServerProcess`: vLLM's OpenAI-compatible
-server, on ``rollout.server.devices``, stopped with the run) or already running at ``rollout.server.url``. At the first
+The server is either started by the run (:class:`.process.ServerProcess`: vLLM's OpenAI-compatible server, on
+``rollout.server.devices``, stopped with the run) or already running at ``rollout.server.url``. At the first
 refresh the engine writes the policy (config + one safetensors file of its full weights, LoRA merged) into
 ``rollout.server.workdir`` and starts the server on it; that load counts as the first push. Every later refresh
 pushes from trainer rank 0 (:mod:`grpolab.rollout.engines.vllm_server.transport`: a shared-memory file the server reloads on CPU,
@@ -14,25 +14,21 @@ weights that sampled it, and a completion sampled with any label but the one pro
 run; after the first two pushes the engine's log-probs are compared with the trainer's on a probe (as the
 in-process engine's start-up check), so a push that did not reach the weights stops the run too.
 
-A server this run started that dies (or fails a request or a push, and is then stopped) is restarted, up to
-``rollout.server.max_restarts`` times, and the buffer it failed on is sampled again from the same weights
-(:mod:`grpolab.rollout.engines.vllm_server.restart`); a server given by URL is never restarted.
+A server this run started that dies is restarted up to ``rollout.server.max_restarts`` times and its failed buffer
+resampled from the same weights (:mod:`.restart`); a server given by URL is never restarted.
 
 Requests carry every sampling parameter explicitly (temperature, ``top_p=1``, ``top_k=0``, no penalties, the stop
 ids, one seed per completion drawn from torch's RNG) and ask for the sampled tokens' log-probs; the server runs with
 ``--logprobs-mode processed_logprobs``, so they are ``log_softmax(logits / T)``: log alpha. At most
 ``rollout.server.max_in_flight`` requests are in flight at once, each bounded by ``rollout.server.request_timeout_s``.
 
-LoRA: the merged weights are pushed (:func:`grpolab.lora.full_policy_state`), never the adapter: vLLM would need
-``--enable-lora`` and a LoRA-aware load per push, its LoRA kernels sample with other rounding than the merged
-weights the trainer's log-probs are compared with, and a merged push costs the same bytes as any full push.
+LoRA: the merged weights are pushed, never the adapter (:mod:`grpolab.rollout.engines.vllm_server.transport`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
-import importlib.util
 import tempfile
 import threading
 import time
@@ -54,7 +50,7 @@ from .guards import check_weight_versions
 from .process import RequestPool, ServerClient, ServerError, ServerProcess, free_port
 from .ranks import barrier, probe_from_rank0, rank_world
 from .restart import RestartBudget
-from .settings import ServerConfig, check_engine_args, server_args
+from .settings import ServerConfig, check_engine_args, check_startable, server_args
 from .transport import FilePush, NcclPush
 
 SERVED_NAME = "grpolab-policy"
@@ -101,12 +97,7 @@ class VLLMServerEngine(GenerationEngine):
         Raises:
             ConfigError: naming the key. ImportError: vLLM is missing (naming the install command).
         """
-        settings = check_engine_args(args)
-        if settings.url is None and importlib.util.find_spec("vllm") is None:
-            from grpolab.rollout.engines.vllm import INSTALL_HINT
-
-            raise ImportError("rollout=vllm_server starts a vLLM server (rollout.server.url is null), and vLLM is not "
-                              f"installed here. Install it with {INSTALL_HINT}, or give rollout.server.url")
+        check_startable(check_engine_args(args))
 
     def __init__(self, stop_token_ids: list[int], pad_token_id: int, server: dict[str, Any] | None = None,
                  dtype: str = "auto", max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None,

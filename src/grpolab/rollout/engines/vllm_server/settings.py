@@ -199,3 +199,18 @@ def server_args(s: ServerConfig, knobs: dict[str, Any], model_dir: str, served_n
             cores = devices
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, devices))
     return args + list(s.extra_args), env, cores
+
+
+def check_startable(settings: ServerConfig) -> None:
+    """With no ``rollout.server.url`` the run starts the server, so vLLM must be installed here.
+
+    Raises:
+        ImportError: vLLM is missing (naming the install command and ``rollout.server.url``).
+    """
+    import importlib.util
+
+    if settings.url is None and importlib.util.find_spec("vllm") is None:
+        from grpolab.rollout.engines.vllm import INSTALL_HINT
+
+        raise ImportError("rollout=vllm_server starts a vLLM server (rollout.server.url is null), and vLLM is not "
+                          f"installed here. Install it with {INSTALL_HINT}, or give rollout.server.url")

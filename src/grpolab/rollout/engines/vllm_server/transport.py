@@ -14,6 +14,10 @@ Two transports, both driven over the server's HTTP control endpoints and both en
   against vLLM 0.32's source; no test runs it (the tests run on CPU).
 
 A push is never skipped silently: every failure raises :class:`~grpolab.rollout.engines.vllm_server.process.ServerError`.
+
+LoRA: the merged weights are pushed (:func:`grpolab.lora.full_policy_state`), never the adapter: vLLM would need
+``--enable-lora`` and a LoRA-aware load per push, its LoRA kernels sample with other rounding than the merged
+weights the trainer's log-probs are compared with, and a merged push costs the same bytes as any full push.
 """
 
 from __future__ import annotations
