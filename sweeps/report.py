@@ -44,6 +44,7 @@ IGNORED_PREFIXES = ("hydra.", "paths.")
 CURVE_COLUMNS = {  # compact curve file column -> metrics.csv column (a mean over the steps since the last row)
     "train_reward": "train/reward", "grad_norm": "train/grad_norm", "entropy": "train/entropy",
     "clip_frac": "train/clip_ratio/region_mean", "kl_sampler_policy": "train/kl_sampler_policy",
+    "kl_step": "train/lower_bound/kl_step",  # KL between consecutive policies (grad_norm: before clipping)
 }
 
 
@@ -115,7 +116,9 @@ def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
 
 
 def read_results_csv(path: Path) -> list[Job]:
-    """The rows of a results CSV (``arm``, ``seed``, metric columns) as jobs named ``arm=<arm>``."""
+    """The rows of a results CSV (``arm``, ``seed``, metric columns) as jobs named ``arm=<arm>``. A column named
+    by a dotted config key (``algo.learning_rate``, ``model.warmstart.seed``: ``sweep_status.py --csv`` writes one
+    per key its grid varies) is an override of the row's job, so it names arms or, with ``--seed-key``, pairs."""
     with path.open() as fh:
         rows = list(csv.DictReader(fh))
     jobs = []
@@ -123,8 +126,9 @@ def read_results_csv(path: Path) -> list[Job]:
         if "arm" not in row or "seed" not in row:
             raise ValueError(f"{path}: row {i} has no 'arm' or 'seed' column")
         summary = {k: _number(v) for k, v in row.items() if k != "arm"}
-        jobs.append(Job(source=f"{path}:{i}", overrides={"arm": row["arm"], "seed": row["seed"]}, summary=summary,
-                        test_split=""))
+        dotted = {k: v for k, v in row.items() if k and "." in k and v not in (None, "")}
+        jobs.append(Job(source=f"{path}:{i}", overrides={"arm": row["arm"], **dotted, "seed": row["seed"]},
+                        summary=summary, test_split=""))
     return jobs
 
 
@@ -392,10 +396,12 @@ def plot_differences(rows: list[dict], out: Path, metric: str, vs: str) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("inputs", nargs="+", type=Path, help="sweep folders, results CSVs or curve CSVs")
     p.add_argument("--vs", help="the baseline arm: its name, a key=value of it, or a value (e.g. grpo_onpolicy)")
+    p.add_argument("--arm", action="append", help="keep only this arm (name, key=value or value; repeatable); "
+                                                  "the baseline is always kept")
     p.add_argument("--metric", help="a summary.json key (default: test_mean_at_<n>, else val_accuracy_end)")
     p.add_argument("--seed-key", action="append", help="override key(s) that are the seed (default: seed)")
     p.add_argument("--margin", type=float, help="TOST equivalence margin, in the metric's units (e.g. 0.02)")
@@ -403,13 +409,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="folder for report.md/.csv and the PNGs (default <first input>/report)")
     p.add_argument("--curves-out", type=Path, help="write the compact per-run curves to this CSV")
     p.add_argument("--curve-every", type=int, default=10, help="a curve row every N optimizer steps (default 10)")
-    args = p.parse_args(argv)
+    return p
+
+
+def load(p: argparse.ArgumentParser, args) -> tuple[list[Job], list[str], list, str | None, str]:
+    """Read the inputs, name and filter the arms: (jobs, warnings, curve frames, the baseline arm, the metric).
+    A bad argument ends in ``p.error`` (exit 2, naming it)."""
+    import pandas as pd
+
     if args.margin is not None and not args.margin > 0:
         p.error(f"--margin must be positive, got {args.margin}")
     if args.curve_every < 1:
         p.error(f"--curve-every must be at least 1, got {args.curve_every}")
-    import pandas as pd
-
     seed_keys = args.seed_key or ["seed"]
     jobs, warnings, curve_files = [], [], []
     for path in args.inputs:
@@ -435,16 +446,45 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [j for j in jobs if j.summary.get("val_accuracy_start") is not None
                 and round(float(j.summary["val_accuracy_start"]), 3) == round(args.start, 3)]
     name_arms(jobs, seed_keys)
+    arms = sorted({j.arm for j in jobs})
+    vs = None
+    try:
+        if args.vs and jobs:
+            vs = resolve_arm(args.vs, arms)
+        if args.arm:
+            keep = {resolve_arm(a, arms) for a in args.arm} | ({vs} if vs else set())
+            jobs = [j for j in jobs if j.arm in keep]
+    except ValueError as err:
+        p.error(str(err))
+    return jobs, warnings, curve_files, vs, args.metric or default_metric(jobs)
+
+
+def report_markdown(argv: list[str]) -> str:
+    """The report's table with its legend and warnings for ``argv`` (as on the command line), written nowhere:
+    the generated blocks of the docs embed it (``sweeps/doc_tables.py``).
+
+    Raises:
+        SystemExit: (2) on a bad argument or input, as the command line would.
+    """
+    p = parser()
+    args = p.parse_args(argv)
+    jobs, warnings, _, vs, metric = load(p, args)
+    rows = build_table(jobs, metric, vs, args.margin, warnings) if jobs else []
+    if not rows:
+        p.error(f"--metric {metric}: no job has a number for it")
+    text = markdown(rows, metric, vs, args.margin)
+    return text + ("\n\nWarnings:\n" + "\n".join(f"- {w}" for w in warnings) if warnings else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    import pandas as pd
+
+    jobs, warnings, curve_files, vs, metric = load(p, args)
     # a sweep's report stays with it; a CSV's (checked in, say) goes under multirun/, which git ignores
     out = args.out or (args.inputs[0] / "report" if args.inputs[0].is_dir() else Path("multirun/report") / args.inputs[0].stem)
     out.mkdir(parents=True, exist_ok=True)
-    vs = None
-    if args.vs and jobs:
-        try:
-            vs = resolve_arm(args.vs, sorted({j.arm for j in jobs}))
-        except ValueError as err:
-            p.error(str(err))
-    metric = args.metric or default_metric(jobs)
     text = ""
     if jobs:
         rows = build_table(jobs, metric, vs, args.margin, warnings)

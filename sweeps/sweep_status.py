@@ -13,15 +13,18 @@ killed`` (started, nothing saved yet) or ``not started`` (in the grid of a ``mul
 
 It then prints the rerun of each ``multirun.yaml``'s command into its own folder, which skips the finished jobs and
 resumes the interrupted ones, and the grid points no folder holds. ``--csv`` appends one row per finished job
-(:data:`COLUMNS`, from its ``summary.json``) to a results file, skipping the (arm, seed, val_accuracy_start) rows it
-holds already: the record of a screen run over several days on machines that do not keep their folders. The arm is
-the value of the grid's first key, or the job's overrides minus ``seed`` when no grid is given.
+(:data:`COLUMNS`, every ``test_``/``val_mean_at_<n>`` score of its ``summary.json``, and one column per other key the
+grid varies, named by the key: ``algo.learning_rate``, ``model.warmstart.seed``) to a results file, skipping the
+rows it holds already (same arm, seed, val_accuracy_start and grid values): the record of a screen run over several
+days on machines that do not keep their folders. The arm is the value of the grid's first key, or the job's
+overrides minus ``seed`` when no grid is given. ``sweeps/report.py`` reads a dotted column back as an override.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import re
 import shlex
 import sys
 from collections import Counter
@@ -36,6 +39,7 @@ from grpolab.sweep_resume import STATES, job_state, read_summary  # noqa: E402
 
 COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
            "async_generation", "drift_refreshes", "time_total_s")
+SCORE = re.compile(r"(test|val)_mean_at_\d+(_se)?")  # the final mean@n scores a job's summary.json holds
 
 
 def config_grid(config: str, overrides: list[str]) -> dict[str, list[str]]:
@@ -115,27 +119,37 @@ def arm_of(overrides: dict[str, str], first_key: str | None) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(overrides.items()) if k != "seed")
 
 
-def append_results(jobs: list[dict], first_key: str | None, out: Path) -> int:
-    """Append a :data:`COLUMNS` row to ``out`` for every finished job whose (arm, seed, val_accuracy_start) it lacks.
-    Returns the number of rows added."""
+def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: list[str] = ()) -> int:
+    """Append a row to ``out`` for every finished job whose (arm, seed, val_accuracy_start, ``factors`` values) it
+    lacks: :data:`COLUMNS`, the job's mean@n scores (``test_mean_at_16``, ``val_mean_at_16`` and their ``_se``) and
+    one column per key of ``factors`` (the grid's other swept keys, e.g. ``algo.learning_rate``) with the job's
+    override. Columns the file lacks are added (its older rows get blanks). Returns the number of rows added."""
     rows = list(csv.DictReader(out.open())) if out.exists() else []
+    header = list(csv.DictReader(out.open()).fieldnames or []) if out.exists() else []
     # a row is one (arm, seed) from one starting model: the warm start's floats differ between CPUs (its held-out
     # accuracy at step 0, val_accuracy_start, tells them apart), so a rerun on another machine is kept beside it
-    have = {(r["arm"], str(r["seed"]), str(r["val_accuracy_start"] or "")) for r in rows}
+    def key(arm, seed, start, values):
+        return (arm, str(seed), str(start or ""), *(str(v or "") for v in values))
+
+    have = {key(r["arm"], r["seed"], r["val_accuracy_start"], [r.get(f) for f in factors]) for r in rows}
     added = 0
     for job in jobs:
         summary = read_summary(job["dir"])
         if not summary or summary.get("interrupted"):
             continue
         arm = arm_of(job["overrides"], first_key)
-        key = (arm, str(summary.get("seed")), str(summary.get("val_accuracy_start") or ""))
-        if key in have:
+        values = [job["overrides"].get(f, "") for f in factors]
+        k = key(arm, summary.get("seed"), summary.get("val_accuracy_start"), values)
+        if k in have:
             continue
-        rows.append({"arm": arm, **{c: summary.get(c) for c in COLUMNS if c != "arm"}})
-        have.add(key)
+        scores = {c: v for c, v in summary.items() if SCORE.fullmatch(c)}
+        rows.append({"arm": arm, **dict(zip(factors, values)),
+                     **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores})
+        have.add(k)
         added += 1
+    columns = list(dict.fromkeys([*(header or ["arm", *factors, *COLUMNS[1:]]), *(c for r in rows for c in r)]))
     with out.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     return added
@@ -187,7 +201,8 @@ def main() -> int:
             for other, values in rest.items():
                 print(f"  {first_key}={','.join(values)} {other}".rstrip())
     if args.csv:
-        print(f"{append_results(jobs, first_key, args.csv)} rows added to {args.csv}")
+        factors = [k for k in grid if k not in (first_key, "seed")]
+        print(f"{append_results(jobs, first_key, args.csv, factors)} rows added to {args.csv}")
     return 0
 
 
