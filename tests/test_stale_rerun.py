@@ -1,0 +1,166 @@
+"""The stale-samples rerun's analysis (sweeps/stale_rerun.py) on hand-made rows whose statistics are computed here
+with scipy directly, the results CSV it reads (sweeps/sweep_status.py --csv), and the generated blocks of the docs
+(sweeps/doc_tables.py): every one in the repository equals what the scripts make of the checked-in rows."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT
+from scipy import stats as st
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "sweeps" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+rerun = _load("stale_rerun")
+doc_tables = _load("doc_tables")
+report = sys.modules.get("report") or _load("report")
+
+
+def _tune_rows(values):
+    return [{"arm": arm, "algo.learning_rate": str(lr), "seed": str(seed), "val_mean_at_16": str(v)}
+            for (arm, lr, seed), v in values.items()]
+
+
+def test_the_lr_rule_ties_go_low_a_non_finite_run_counts_zero_and_a_missing_seed_stops_it():
+    lrs, seeds = (1e-5, 2e-5), (1, 2, 3)
+    rows = _tune_rows({**{("tie", 1e-5, s): v for s, v in zip(seeds, (0.25, 0.5, 0.75))},
+                       **{("tie", 2e-5, s): 0.5 for s in seeds},                      # same mean 0.5: lower lr wins
+                       **{("nan", 1e-5, s): v for s, v in zip(seeds, (0.5, 0.5, "nan"))},  # (0.5+0.5+0)/3
+                       **{("nan", 2e-5, s): 0.4 for s in seeds},
+                       **{("short", 1e-5, s): 0.9 for s in seeds}, ("short", 2e-5, 1): 0.1})
+    cells, chosen, missing = rerun.select_lr(rows, arms=("tie", "nan", "short"), lrs=lrs, seeds=seeds)
+    assert chosen == {"tie": 1e-5, "nan": 2e-5, "short": None}
+    assert cells[("nan", 1e-5)][0] == pytest.approx(1 / 3) and cells[("nan", 1e-5)][2] == 3
+    assert cells[("tie", 1e-5)][1] == pytest.approx(np.std([0.25, 0.5, 0.75], ddof=1) / math.sqrt(3))
+    assert missing == 2 and cells[("short", 2e-5)][2] == 1
+    rows.append({"arm": "tie", "algo.learning_rate": "1e-05", "seed": "1", "val_mean_at_16": "0.3"})
+    with pytest.raises(ValueError, match=r"line \d+: \('tie', 1e-05, 1\) appears twice"):
+        rerun.select_lr(rows, arms=("tie",), lrs=lrs, seeds=seeds)
+
+
+def _headline_rows(shift_async, shift_window, noise):
+    """45 rows per arm set: onpolicy at a base per (warm start, seed), grpo_async = onpolicy + shift_async + e,
+    onpolicy_prev_window = grpo_async + shift_window + e/10 (e = noise[(warm start, seed)]); so the paired
+    differences are H1 = shift_async + e, H2 = shift_window + e/10, H3 = shift_async + shift_window + 1.1 e."""
+    rows = []
+    for w in rerun.WARM_STARTS:
+        for s in rerun.SEEDS:
+            base = 0.4 + 0.01 * s + 0.02 * w
+            e = noise[(w, s)]
+            values = {"onpolicy": base, "grpo_async": base + shift_async + e,
+                      "onpolicy_prev_window": base + shift_async + e + shift_window + e / 10}
+            rows += [{"arm": a, "model.warmstart.seed": str(w), "seed": str(s), "test_mean_at_16": repr(v)}
+                     for a, v in values.items()]
+    return rows
+
+
+def test_the_headline_comparisons_by_hand():
+    rng = np.random.default_rng(0)
+    noise = {(w, s): float(rng.normal(0, 0.004)) for w in rerun.WARM_STARTS for s in rerun.SEEDS}
+    values = {}
+    for task, (shift_async, shift_window) in {"default": (0.05, 0.0005), "multistep": (0.002, -0.06)}.items():
+        values[task], missing = rerun.headline_values(_headline_rows(shift_async, shift_window, noise))
+        assert missing == 0
+    results = rerun.compare_tasks(values)
+    assert [(r.task, r.name) for r in results] == [(t, h) for t in rerun.TASKS for h in ("H1", "H2", "H3")]
+    raw = []
+    for r in results:
+        a, b = values[r.task][r.arm], values[r.task][r.base]
+        keys = sorted(a)
+        d = np.array([a[k] - b[k] for k in keys])
+        assert r.paired.diff == pytest.approx(d.mean()) and r.paired.se == pytest.approx(d.std(ddof=1) / math.sqrt(15))
+        assert r.paired.p == pytest.approx(st.ttest_rel([a[k] for k in keys], [b[k] for k in keys]).pvalue)
+        assert r.paired.ci[0] < r.paired.diff < r.paired.ci[1]
+        for w in rerun.WARM_STARTS:
+            assert r.per_start[w] == pytest.approx(np.mean([a[(w, s)] - b[(w, s)] for s in rerun.SEEDS]))
+        raw.append(r.paired.p)
+    order = np.argsort(raw)  # Holm by hand: the i-th smallest p times (6 - i), kept monotone, capped at 1
+    holm, running = np.empty(6), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (6 - i) * raw[j]))
+        holm[j] = running
+    assert [r.holm_p for r in results] == pytest.approx(list(holm))
+    by = {(r.task, r.name): r for r in results}
+    assert by[("default", "H1")].verdict == "better" and by[("default", "H2")].verdict == "on par"
+    assert by[("default", "H3")].verdict == "better" and by[("default", "H3")].robust
+    assert by[("multistep", "H1")].verdict == "on par" and by[("multistep", "H2")].verdict == "worse"
+    text = rerun.conclusions_block(results)
+    assert "(H2 on par and H3 better, both tasks): **does not hold**" in text
+    assert "(H2 worse on a task): **holds on multistep**" in text
+    assert "(H1 on par), multistep: **holds**" in text and "(H1 on par), default: **does not hold**" in text
+    table = rerun.headline_block(values, {t: 0 for t in rerun.TASKS}, results)
+    h1 = by[("default", "H1")]
+    assert f"| H1 | `grpo_async` - `onpolicy` | {h1.paired.diff:+.3f} +- {h1.paired.se:.3f} |" in table
+
+
+def test_one_task_in_draws_no_holm_and_no_conclusion():
+    noise = {(w, s): 0.001 * (s - 2) for w in rerun.WARM_STARTS for s in rerun.SEEDS}
+    values, _ = rerun.headline_values(_headline_rows(0.05, 0.0, noise))
+    results = rerun.compare_tasks({"default": values})
+    assert all(r.holm_p is None for r in results) and results[0].verdict == "pending"
+    assert rerun.conclusions_block(results).startswith("Pending")
+    part, missing = rerun.headline_values(_headline_rows(0.05, 0.0, noise)[:-4])
+    assert missing == 4
+    assert "**default**: pending, 4 of the 45 runs" in rerun.headline_block({"default": part, "multistep": {}},
+                                                                            {"default": 4, "multistep": 45}, [])
+
+
+def test_sweep_status_keeps_the_grids_other_keys_and_the_report_names_arms_by_them(tmp_path, capsys):
+    sweep, out = tmp_path / "sweep", tmp_path / "tune.csv"
+    for i, (lr, seed, score) in enumerate([("5e-05", 100, 0.5), ("0.0001", 100, 0.75), ("5e-05", 101, 0.25),
+                                           ("0.0001", 101, 0.5)]):
+        job = sweep / str(i)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(
+            f"- seed={seed}\n- algo.learning_rate={lr}\n- correction_arm=onpolicy\n")
+        (job / "summary.json").write_text(json.dumps({"seed": seed, "steps": 10, "val_mean_at_16": score,
+                                                      "val_mean_at_16_se": 0.01, "val_accuracy_start": 0.3}))
+    cmd = [sys.executable, "sweeps/sweep_status.py", str(sweep), "--csv", str(out), "correction_arm=onpolicy",
+           "algo.learning_rate=5e-05,0.0001", "seed=100,101"]
+    for added in (4, 0):
+        res = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+        assert f"{added} rows added to {out}" in res
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0])[:3] == ["arm", "algo.learning_rate", "seed"]
+    assert sorted((r["algo.learning_rate"], r["seed"], r["val_mean_at_16"]) for r in rows) == [
+        ("0.0001", "100", "0.75"), ("0.0001", "101", "0.5"), ("5e-05", "100", "0.5"), ("5e-05", "101", "0.25")]
+    _, chosen, _ = rerun.select_lr(rows, arms=("onpolicy",), lrs=(5e-5, 1e-4), seeds=(100, 101))
+    assert chosen == {"onpolicy": 1e-4}
+    text = report.report_markdown([str(out), "--metric", "val_mean_at_16", "--vs", "algo.learning_rate=5e-05"])
+    assert "| `algo.learning_rate=0.0001` | 100, 101 | 2 | 0.625 +- 0.125 | +0.250 +- 0.000 |" in text
+
+
+def test_a_generated_block_is_rewritten_from_its_rows_and_a_stale_one_is_named(tmp_path):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("arm,seed,test_mean_at_16\non,0,0.5\non,1,0.25\nasync,0,0.75\nasync,1,0.75\nother,0,0.1\n")
+    doc = (f"# t\n<!-- generated by sweeps/report.py {rows} --vs on --arm async -->\n| typed | 0.9 |\n"
+           "<!-- end generated -->\ntail\n")
+    new, changed = doc_tables.apply(doc, doc_tables.generator())
+    assert changed == [f"report.py {rows} --vs on --arm async"]
+    assert "| `arm=async` | 0, 1 | 2 | 0.750 +- 0.000 | +0.375 +- 0.125 |" in new and "typed" not in new
+    assert "other" not in new and new.endswith("<!-- end generated -->\ntail\n")
+    assert doc_tables.apply(new, doc_tables.generator()) == (new, [])
+    with pytest.raises(KeyError, match="stale_rerun.py: nope is marked but not generated"):
+        doc_tables.apply("<!-- generated by sweeps/stale_rerun.py: nope -->\n<!-- end generated -->\n",
+                         doc_tables.generator())
+
+
+def test_every_generated_block_of_the_docs_is_what_the_scripts_make_of_the_checked_in_rows():
+    res = subprocess.run([sys.executable, "sweeps/doc_tables.py", "--check"], cwd=REPO_ROOT, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "generated blocks are up to date" in res.stdout
