@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if curves is not None and len(curves):
         if args.curves_out:
             args.curves_out.parent.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame(curve_rows).to_csv(args.curves_out, index=False)
+            pd.DataFrame(curve_rows).to_csv(args.curves_out, index=False, float_format="%.6g")
         plot_curves(curves, out, vs or args.vs)
     if warnings:
         text += "\n\nWarnings:\n" + "\n".join(f"- {w}" for w in warnings)
