@@ -182,6 +182,9 @@ def stage1_block(tables: dict) -> str:
                 row.append(f"**{text}**" if chosen[arm] == lr else text)
             lr = chosen[arm]
             out.append(f"| `{arm}` | " + " | ".join(row) + f" | {'pending' if lr is None else f'{lr:g}'} |")
+        top = [f"`{a}`" for a in TUNE_ARMS if chosen[a] == max(LRS)]
+        if top:
+            out.append(f"\nAt the top of the grid ({max(LRS):g}, no higher lr tried): {', '.join(top)}.")
         out.append("")
     out.append("Validation mean@16 on 1024 prompts, mean +- SE over the 3 tuning seeds (100-102) on the tuning warm "
                "start (`model.warmstart.seed=3`); bold: the lr the rule chose. Rows: "
