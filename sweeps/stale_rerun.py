@@ -252,6 +252,41 @@ def conclusions_block(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def recommendation_block(results: list[Result]) -> str:
+    """The recommendation, by a rule fixed before stage 2's results were read: from H1 (asynchronous generation)
+    and H3 (the window in on-policy training) on both tasks, after Holm."""
+    by = {(r.task, r.name): r.verdict for r in results}
+    if len({t for t, _ in by}) < len(TASKS):
+        return "Pending: the recommendation reads both tasks' comparisons (after Holm over the family of 6)."
+
+    def on(name, verdict):
+        return [t for t in TASKS if by[(t, name)] == verdict]
+
+    def listing(name):
+        return ", ".join(f"{t} {by[(t, name)]}" for t in TASKS)
+
+    if len(on("H1", "better")) == len(TASKS):
+        asynchronous = "`algo=grpo_async`: above on-policy GRPO on both tasks"
+    elif len(on("H1", "on par")) == len(TASKS):
+        asynchronous = "`algo=grpo_async`: on par with on-policy GRPO (within +-0.02) on both tasks; take it for its throughput"
+    elif not on("H1", "worse") and len(on("H1", "better") + on("H1", "on par")) == len(TASKS):
+        asynchronous = f"`algo=grpo_async`: at or above on-policy GRPO ({listing('H1')})"
+    elif on("H1", "worse"):
+        asynchronous = f"on-policy GRPO: `algo=grpo_async` trails it on {', '.join(on('H1', 'worse'))}"
+    else:
+        asynchronous = (f"either: the rerun does not tell `algo=grpo_async` from on-policy GRPO on accuracy ({listing('H1')}); "
+                        "choose by throughput")
+    if len(on("H3", "better")) == len(TASKS):
+        window = ("`algo=grpo_onpolicy_prev_window`: the PPO window against the previous step's policy lifts on-policy "
+                  "GRPO on both tasks (one extra forward per step)")
+    elif on("H3", "worse"):
+        window = f"plain on-policy GRPO: the window costs accuracy on {', '.join(on('H3', 'worse'))}"
+    else:
+        window = f"plain on-policy GRPO: the window's effect is not established ({listing('H3')})"
+    return ("| you want | use (the rerun's reading) |\n|---|---|\n"
+            f"| asynchronous generation (lag 1) | {asynchronous} |\n| on-policy training | {window} |")
+
+
 def readme_block(results: list[Result]) -> str:
     """The README's claims: each comparison with its test, interval and run count."""
     if not results:
@@ -355,7 +390,8 @@ def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
     results = compare_tasks({t: values[t] for t in TASKS if not missing[t]})
     curves = {t: read_curves(results_dir / f"stale_headline_{t}_curves.csv") for t in TASKS}
     return {"stage1": stage1_block(tables), "headline": headline_block(values, missing, results),
-            "conclusions": conclusions_block(results), "first100": first100_block(curves),
+            "conclusions": conclusions_block(results), "recommendation": recommendation_block(results),
+            "first100": first100_block(curves),
             "readme": readme_block(results)}
 
 

@@ -102,6 +102,10 @@ def test_the_headline_comparisons_by_hand():
     assert "(H2 on par and H3 better, both tasks): **does not hold**" in text
     assert "(H2 worse on a task): **holds on multistep**" in text
     assert "(H1 on par), multistep: **holds**" in text and "(H1 on par), default: **does not hold**" in text
+    advice = rerun.recommendation_block(results)
+    assert "| asynchronous generation (lag 1) | `algo=grpo_async`: at or above on-policy GRPO (default better, " \
+           "multistep on par) |" in advice
+    assert "| on-policy training | plain on-policy GRPO: the window costs accuracy on multistep |" in advice
     table = rerun.headline_block(values, {t: 0 for t in rerun.TASKS}, results)
     h1 = by[("default", "H1")]
     assert f"| H1 | `grpo_async` - `onpolicy` | {h1.paired.diff:+.3f} +- {h1.paired.se:.3f} |" in table
@@ -113,6 +117,7 @@ def test_one_task_in_draws_no_holm_and_no_conclusion():
     results = rerun.compare_tasks({"default": values})
     assert all(r.holm_p is None for r in results) and results[0].verdict == "pending"
     assert rerun.conclusions_block(results).startswith("Pending")
+    assert rerun.recommendation_block(results).startswith("Pending")
     part, missing = rerun.headline_values(_headline_rows(0.05, 0.0, noise)[:-4])
     assert missing == 4
     assert "**default**: pending, 4 of the 45 runs" in rerun.headline_block({"default": part, "multistep": {}},
