@@ -48,7 +48,7 @@ COMPARISONS = (("H1", "grpo_async", "onpolicy"), ("H2", "onpolicy_prev_window", 
 MARGIN = 0.02
 ALPHA = 0.05
 WINDOWS = ((1, 20), (21, 50), (51, 100))  # optimizer steps of the first-100-steps table
-DIAGNOSTICS = ("train_reward", "grad_norm", "clip_frac", "kl_step", "entropy")
+DIAGNOSTICS = ("train_reward", "grad_norm", "clip_frac", "kl_step", "kl_sampler_policy", "entropy")
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -324,7 +324,8 @@ def first100_block(curves_by_task: dict) -> str:
         out.append("")
     out.append("Each curve row is the mean of its 10 optimizer steps; grad_norm: before clipping; clip_frac: the "
                "fraction of tokens whose ratio is clipped; kl_step: the KL between consecutive policies "
-               "(`train/lower_bound/kl_step`); entropy: per token. Rows: `sweeps/results/stale_headline_<task>_curves.csv`.")
+               "(`train/lower_bound/kl_step`); kl_sampler_policy: the KL between the sampler and the policy (0 on-policy); "
+               "entropy: per token. Rows: `sweeps/results/stale_headline_<task>_curves.csv`.")
     return "\n".join(out)
 
 
