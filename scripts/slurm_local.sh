@@ -38,6 +38,11 @@ write_conf() {
     die "$CONF exists and was not written by this script; move it away or run SLURM yourself"
   fi
   mkdir -p /etc/slurm "$STATE/ctld" "$STATE/d"
+  # A requeued job that starts again on this node within the second its old allocation was killed in fails with
+  # "Job credential revoked" (slurmd compares the new credential's time with the revocation's, in whole seconds),
+  # and SLURM marks it FAILED instead of running it. A 1.2 s epilog keeps the node busy past that second.
+  printf '#!/bin/sh\nsleep 1.2\n' > "$STATE/epilog.sh"
+  chmod +x "$STATE/epilog.sh"
   cat > "$CONF" <<EOF
 $MARK
 ClusterName=grpolab
@@ -53,6 +58,7 @@ MpiDefault=none
 ReturnToService=2
 JobRequeue=1
 KillWait=30
+Epilog=$STATE/epilog.sh
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d
 SlurmctldPidFile=$STATE/slurmctld.pid

@@ -22,12 +22,21 @@ from test_interrupt import ENV, REPO_ROOT, _cmd
 MAX_STEPS = 300  # not the config's 1000: the resume line must carry it
 
 
+def _default_sigint() -> None:
+    """A terminal's shell starts a foreground job with SIGINT at its default action; pytest started in the
+    background by a script (``cmd &``, nohup) passes SIGINT ignored to every child, and an ignoring ``tee`` would
+    outlive the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _piped(out: Path, reader: list[str], *overrides: str) -> tuple[subprocess.Popen, subprocess.Popen]:
     """train.py (stdout and stderr) piped into ``reader``, both in one new process group (a shell job), as a shell runs
     ``python src/train.py ... 2>&1 | tee log`` in a terminal."""
     train = subprocess.Popen(_cmd(out, "trainer.enable_progress_bar=true", *overrides), cwd=REPO_ROOT, env=ENV,
-                             process_group=0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    pipe = subprocess.Popen(reader, stdin=train.stdout, stdout=subprocess.DEVNULL, process_group=train.pid)
+                             process_group=0, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             preexec_fn=_default_sigint)
+    pipe = subprocess.Popen(reader, stdin=train.stdout, stdout=subprocess.DEVNULL, process_group=train.pid,
+                            preexec_fn=_default_sigint)
     train.stdout.close()  # the reader holds the only read end: when it dies, writes fail with EPIPE
     return train, pipe
 
