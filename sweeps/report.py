@@ -156,15 +156,36 @@ def name_arms(jobs: list[Job], seed_keys: list[str]) -> list[str]:
     return varying
 
 
+def _matching(value: str, arms: list[str]) -> list[str]:
+    """The arms ``value`` names: exactly, or as one of their ``key=value`` parts, or as a value."""
+    if value in arms:
+        return [value]
+    return [a for a in arms if value in a.split(" ") or value in [p.split("=", 1)[-1] for p in a.split(" ")]]
+
+
+def select_arms(values: list[str], arms: list[str]) -> set[str]:
+    """The arms ``--arm`` keeps: every arm each value names (a value may name several, e.g. ``onpolicy`` with its
+    lrs).
+
+    Raises:
+        ValueError: naming the value and the arms, for a value that names none.
+    """
+    keep = set()
+    for value in values:
+        found = _matching(value, arms)
+        if not found:
+            raise ValueError(f"--arm {value!r} matches no arm; the arms are: " + "; ".join(arms))
+        keep.update(found)
+    return keep
+
+
 def resolve_arm(vs: str, arms: list[str]) -> str:
     """The arm ``--vs`` names: an arm's exact name, or one of its ``key=value`` parts, or a value.
 
     Raises:
         ValueError: naming ``--vs`` and the arms, if none or several match.
     """
-    if vs in arms:
-        return vs
-    found = [a for a in arms if vs in a.split(" ") or vs in [p.split("=", 1)[-1] for p in a.split(" ")]]
+    found = _matching(vs, arms)
     if len(found) != 1:
         raise ValueError(f"--vs {vs!r} matches {len(found)} arms ({', '.join(found) or 'none'}); the arms are: "
                          + "; ".join(arms))
@@ -452,7 +473,7 @@ def load(p: argparse.ArgumentParser, args) -> tuple[list[Job], list[str], list, 
         if args.vs and jobs:
             vs = resolve_arm(args.vs, arms)
         if args.arm:
-            keep = {resolve_arm(a, arms) for a in args.arm} | ({vs} if vs else set())
+            keep = select_arms(args.arm, arms) | ({vs} if vs else set())
             jobs = [j for j in jobs if j.arm in keep]
     except ValueError as err:
         p.error(str(err))

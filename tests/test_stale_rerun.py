@@ -169,3 +169,15 @@ def test_every_generated_block_of_the_docs_is_what_the_scripts_make_of_the_check
                          text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "generated blocks are up to date" in res.stdout
+
+
+def test_arm_keeps_every_arm_a_value_names_and_names_a_value_that_names_none(tmp_path, capsys):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("arm,algo.learning_rate,seed,val_mean_at_16\n"
+                    + "".join(f"{a},{lr},{s},0.5\n" for a in ("on", "async") for lr in ("1e-4", "5e-5") for s in (0, 1)))
+    text = report.report_markdown([str(rows), "--metric", "val_mean_at_16", "--arm", "on"])
+    assert "`arm=on algo.learning_rate=1e-4`" in text and "`arm=on algo.learning_rate=5e-5`" in text
+    assert "async" not in text
+    with pytest.raises(SystemExit):
+        report.report_markdown([str(rows), "--arm", "nope"])
+    assert "--arm 'nope' matches no arm; the arms are: arm=async" in capsys.readouterr().err
