@@ -45,6 +45,7 @@ CURVE_COLUMNS = {  # compact curve file column -> metrics.csv column (a mean ove
     "train_reward": "train/reward", "grad_norm": "train/grad_norm", "entropy": "train/entropy",
     "clip_frac": "train/clip_ratio/region_mean", "kl_sampler_policy": "train/kl_sampler_policy",
     "kl_step": "train/lower_bound/kl_step",  # KL between consecutive policies (grad_norm: before clipping)
+    "ratio_mean": "train/ratio/mean", "ratio_max": "train/ratio/max",
 }
 
 
@@ -314,7 +315,8 @@ def markdown(rows: list[dict], metric: str, vs: str | None, margin: float | None
     if vs:
         legend.append("Paired diff: arm minus baseline on the seeds both ran (n= when fewer than the arm's), mean "
                       "+- SE of the per-seed differences; 95% CI: percentile bootstrap of that mean (10000 "
-                      "resamples); p: two-sided paired t-test (scipy.stats.t).")
+                      "resamples; with few seeds it is narrower than a t interval: read p); p: two-sided paired "
+                      "t-test (scipy.stats.t), not corrected for the number of arms.")
         if margin is not None:
             legend.append(f"TOST p: two one-sided t-tests that the paired difference lies within +-{margin:g}; "
                           "p < 0.05 = equivalent at the 5% level.")
@@ -461,11 +463,18 @@ def load(p: argparse.ArgumentParser, args) -> tuple[list[Job], list[str], list, 
                     jobs += read_results_csv(path)
                 except ValueError as err:
                     p.error(str(err))
+        elif not path.exists():
+            p.error(f"{path}: no such file or folder")
         else:
             p.error(f"{path}: not a sweep folder or a CSV file")
     if args.start is not None:
+        starts = sorted({round(float(j.summary["val_accuracy_start"]), 3) for j in jobs
+                         if j.summary.get("val_accuracy_start") is not None})
         jobs = [j for j in jobs if j.summary.get("val_accuracy_start") is not None
                 and round(float(j.summary["val_accuracy_start"]), 3) == round(args.start, 3)]
+        if not jobs:
+            p.error(f"--start {args.start}: no job has that val_accuracy_start; the jobs have "
+                    + (", ".join(f"{x:.3f}" for x in starts) or "none"))
     name_arms(jobs, seed_keys)
     arms = sorted({j.arm for j in jobs})
     vs = None
