@@ -164,7 +164,13 @@ def main() -> int:
     args = parser.parse_intermixed_args()
     if not args.sweep.is_dir():
         parser.error(f"sweep: {args.sweep} is not a folder")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        parser.error(f"{' '.join(bad)}: a grid is given as key=a,b (e.g. seed=0,1,2)")
     jobs = find_jobs(args.sweep)
+    if args.config and not (SWEEPS / f"{args.config}.yaml").exists():
+        known = sorted(q.stem for q in SWEEPS.glob("*.yaml"))
+        parser.error(f"--config {args.config}: no sweeps/{args.config}.yaml (the sweep configs: {', '.join(known)})")
     if args.config:
         grid = config_grid(args.config, args.overrides)
     else:
