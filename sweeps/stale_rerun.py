@@ -322,6 +322,10 @@ def readme_block(results: list[Result]) -> str:
                      f"test mean@16 (paired SE, 15 pairs: 3 warm starts x 5 seeds), bootstrap 95% CI "
                      f"[{r.paired.ci[0]:+.3f}, {r.paired.ci[1]:+.3f}], paired t p = {_p(r.paired.p)}, Holm p = "
                      f"{_p(r.holm_p)}, TOST (+-0.02) p = {_p(r.paired.tost_p)}: **{r.verdict}**.")
+    if any(r.holm_p is None for r in results):
+        done = sorted({r.task for r in results})
+        lines.append(f"- The readings wait for the other task: Holm's correction is over both tasks' 6 tests "
+                     f"(in: {', '.join(done)}).")
     return "\n".join(lines)
 
 
