@@ -127,7 +127,8 @@ def test_notebook_renders_the_sweep(tiny_sweep, tmp_path):
     table = (figures / "final_accuracy.csv").read_text()
     assert "k=1 on-policy" in table and "k=2" in table
     test_table = (figures / "final_test_accuracy.csv").read_text()  # mean +- se and the gap to k=1
-    assert "test_mean_at_2" in test_table and "vs on-policy" in test_table and "se of diff" in test_table
+    assert "test_mean_at_2" in test_table and "paired diff vs on-policy" in test_table
+    assert "se of paired diff" in test_table and test_table.splitlines()[-1].endswith(",2.0")  # both seeds paired
     lags = (figures / "weight_stats_by_lag.csv").read_text()
     assert "train/ratio/grad_weight_frac_above_2" in lags and "k=2" in lags
     nb = nbformat.read(figures / "onpolicy_vs_offpolicy.ipynb", as_version=4)  # the executed copy
