@@ -429,7 +429,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-key", action="append", help="override key(s) that are the seed (default: seed)")
     p.add_argument("--margin", type=float, help="TOST equivalence margin, in the metric's units (e.g. 0.02)")
     p.add_argument("--start", type=float, help="keep the jobs whose val_accuracy_start rounds to this (3 decimals)")
-    p.add_argument("--out", type=Path, help="folder for report.md/.csv and the PNGs (default <first input>/report)")
+    p.add_argument("--out", type=Path, help="folder for report.md/.csv and the PNGs (default <sweep folder>/report; for a CSV multirun/report/<its name>)")
     p.add_argument("--curves-out", type=Path, help="write the compact per-run curves to this CSV")
     p.add_argument("--curve-every", type=int, default=10, help="a curve row every N optimizer steps (default 10)")
     return p
@@ -534,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
             args.curves_out.parent.mkdir(parents=True, exist_ok=True)
             pd.DataFrame(curve_rows).to_csv(args.curves_out, index=False, float_format="%.6g")
         plot_curves(curves, out, vs or args.vs)
+    if not jobs:
+        text = (f"no job rows in the inputs (curve files only): no statistics table; the figures are drawn from "
+                f"{len(curves) if curves is not None else 0} curve rows")
     if warnings:
         text += "\n\nWarnings:\n" + "\n".join(f"- {w}" for w in warnings)
     (out / "report.md").write_text(text + "\n")

@@ -108,6 +108,7 @@ def test_curve_file_and_redrawing_from_it(crafted, tmp_path, capsys):
     assert {r["arm"] for r in rows} == {"algo=a trainer.max_steps=200", "algo=b trainer.max_steps=200", "algo=c trainer.max_steps=100"} and len({(r["arm"], r["seed"]) for r in rows}) == 7
     capsys.readouterr()
     report.main([str(curves), "--out", str(tmp_path / "r2")])  # no runs needed: the figures from the file
+    assert "no job rows in the inputs (curve files only)" in capsys.readouterr().out
     assert (tmp_path / "r2" / "curves.png").stat().st_size > 10_000
 
 
