@@ -8,12 +8,7 @@ set -u
 cd "$(dirname "$0")/.."
 D=$(realpath "${1:-../shared/data}")
 OUTDIR=${OUTDIR:-outputs/gpu_smoke}
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline PYTHONUNBUFFERED=1
-COMMON=(data=gsm8k "data.path=$D/gsm8k/train.jsonl" "data.test_path=$D/gsm8k/test.jsonl" data.val_size=8
-        verifier=gsm8k "model.tokenizer_path=$D/qwen2.5-tokenizer" model.init=random trainer=gpu
-        trainer.val_check_interval=100000 trainer.enable_progress_bar=false save_policy=false "~callbacks.completions"
-        algo.max_completion_length=128 val.batch_size=8 val.num_generations=2
-        algo.num_generations=8 algo.per_device_train_batch_size=16)
+source benchmarks/gpu_runs.sh   # COMMON and gpu_runs: the runs both scripts make
 run() {
     local name=$1; shift
     local start; start=$(date +%s)
@@ -28,8 +23,4 @@ print(m[cols].tail(3).to_string(index=False))
 PY
 }
 mkdir -p "$OUTDIR"
-run q05_onpolicy model=qwen0.5b trainer.max_steps=6
-run q15_offpolicy_ckpt model=qwen1.5b algo=grpo_offpolicy algo.steps_per_generation=2 algo.beta=0.04 \
-    model.gradient_checkpointing=true trainer.max_steps=4
-run q15_adaptive_async model=qwen1.5b algo=grpo_offpolicy rollout=hf_copy rollout.async_generation=true \
-    rollout.refresh=adaptive rollout.max_drift=0.05 trainer.max_steps=4
+gpu_runs

@@ -124,8 +124,11 @@ def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: 
     lacks: :data:`COLUMNS`, the job's mean@n scores (``test_mean_at_16``, ``val_mean_at_16`` and their ``_se``) and
     one column per key of ``factors`` (the grid's other swept keys, e.g. ``algo.learning_rate``) with the job's
     override. Columns the file lacks are added (its older rows get blanks). Returns the number of rows added."""
-    rows = list(csv.DictReader(out.open())) if out.exists() else []
-    header = list(csv.DictReader(out.open()).fieldnames or []) if out.exists() else []
+    rows, header = [], []
+    if out.exists():
+        with out.open() as fh:
+            reader = csv.DictReader(fh)
+            rows, header = list(reader), list(reader.fieldnames or [])
     # a row is one (arm, seed) from one starting model: the warm start's floats differ between CPUs (its held-out
     # accuracy at step 0, val_accuracy_start, tells them apart), so a rerun on another machine is kept beside it
     def key(arm, seed, start, values):
