@@ -114,6 +114,17 @@ def test_the_headline_comparisons_by_hand():
     assert f"| H1 | `grpo_async` - `onpolicy` | {h1.paired.diff:+.3f} +- {h1.paired.se:.3f} |" in table
 
 
+def test_h2_better_is_said_apart_from_the_registered_conclusions():
+    noise = {(w, s): 0.001 * (s - 2) + 0.0005 * w for w in rerun.WARM_STARTS for s in rerun.SEEDS}
+    values = {t: rerun.headline_values(_headline_rows(0.03, shift, noise))[0]
+              for t, shift in (("default", 0.04), ("multistep", 0.0))}
+    text = rerun.conclusions_block(rerun.compare_tasks(values))
+    assert "- Not pre-registered (no registered conclusion reads it): H2 better on default:" in text
+    assert "(H2 worse on a task): **does not hold**" in text
+    values["default"] = values["multistep"]
+    assert "Not pre-registered" not in rerun.conclusions_block(rerun.compare_tasks(values))
+
+
 def test_one_task_in_draws_no_holm_and_no_conclusion():
     noise = {(w, s): 0.001 * (s - 2) for w in rerun.WARM_STARTS for s in rerun.SEEDS}
     values, _ = rerun.headline_values(_headline_rows(0.05, 0.0, noise))
