@@ -326,7 +326,8 @@ def readme_block(results: list[Result]) -> str:
         lines.append(f"- {r.task}, {r.name} (`{r.arm}` - `{r.base}`): {r.paired.diff:+.3f} +- {r.paired.se:.3f} "
                      f"test mean@16 (paired SE, 15 pairs: 3 warm starts x 5 seeds), bootstrap 95% CI "
                      f"[{r.paired.ci[0]:+.3f}, {r.paired.ci[1]:+.3f}], paired t p = {_p(r.paired.p)}, Holm p = "
-                     f"{_p(r.holm_p)}, TOST (+-0.02) p = {_p(r.paired.tost_p)}: **{r.verdict}**.")
+                     f"{_p(r.holm_p)}, TOST (+-0.02) p = {_p(r.paired.tost_p)}: **{r.verdict}**; with the warm start as the "
+                     f"unit (t over the 3 warm-start means, df 2, not pre-registered) p = {_p(r.p_warm_starts)}.")
     if any(r.holm_p is None for r in results):
         done = sorted({r.task for r in results})
         lines.append(f"- The readings wait for the other task: Holm's correction is over both tasks' 6 tests "
