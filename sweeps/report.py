@@ -380,16 +380,16 @@ def plot_curves(curves, out: Path, vs: str | None) -> Path:
             t = g["time_s"].mean()
             for c, x in enumerate([mean.index.to_numpy(float), t.to_numpy(float)]):
                 ax = axes[row, c]
-                ax.plot(x, mean, color=color, lw=1.6, label=f"{arm} ({d['seed'].nunique()} seeds)",
+                ax.plot(x, mean, color=color, lw=1.6, label=f"{arm} ({d['seed'].nunique()} runs)",
                         marker="o" if len(mean) < 12 else None, ms=3)
                 ax.fill_between(x, mean - se, mean + se, color=color, alpha=0.2, lw=0)
-    for c, xlabel in enumerate(["optimizer steps", "wall-clock (s of training, mean over seeds)"]):
+    for c, xlabel in enumerate(["optimizer steps", "wall-clock (s of training, mean over runs)"]):
         axes[1, c].set_xlabel(xlabel)
     axes[0, 0].set_ylabel("held-out accuracy (val, mean@n)")
     axes[1, 0].set_ylabel("train reward (mean since the last point)")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    axes[0, 0].set_title("band: mean +- SE over seeds")
+    axes[0, 0].set_title("band: mean +- SE over runs")
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
     path = out / "curves.png"
