@@ -119,7 +119,8 @@ def test_h2_better_is_said_apart_from_the_registered_conclusions():
     values = {t: rerun.headline_values(_headline_rows(0.03, shift, noise))[0]
               for t, shift in (("default", 0.04), ("multistep", 0.0))}
     text = rerun.conclusions_block(rerun.compare_tasks(values))
-    assert "- Not pre-registered (no registered conclusion reads it): H2 better on default:" in text
+    assert "**does not hold** (H1 better).\n\nNot pre-registered (no registered conclusion reads it): H2 better on " \
+           "default:" in text
     assert "(H2 worse on a task): **does not hold**" in text
     values["default"] = values["multistep"]
     assert "Not pre-registered" not in rerun.conclusions_block(rerun.compare_tasks(values))
