@@ -188,7 +188,7 @@ def _p(p: float | None) -> str:
 
 def stage1_block(tables: dict) -> str:
     """Markdown: per task, every (arm, lr) cell's mean +- SE of val mean@16 over the tuning seeds; the chosen lr
-    in bold."""
+    in bold; below each task, the arms whose chosen lr is an edge of the grid (a better lr may lie beyond it)."""
     out = []
     for task, (cells, chosen, missing) in tables.items():
         out.append(f"**{task}** ({'all 54 runs' if not missing else f'pending: {missing} of 54 runs missing'})\n")
@@ -205,6 +205,9 @@ def stage1_block(tables: dict) -> str:
         top = [f"`{a}`" for a in TUNE_ARMS if chosen[a] == max(LRS)]
         if top:
             out.append(f"\nAt the top of the grid ({max(LRS):g}, no higher lr tried): {', '.join(top)}.")
+        bottom = [f"`{a}`" for a in TUNE_ARMS if chosen[a] == min(LRS)]
+        if bottom:
+            out.append(f"\nAt the bottom of the grid ({min(LRS):g}, no lower lr tried): {', '.join(bottom)}.")
         out.append("")
     out.append("Validation mean@16 on 1024 prompts, mean +- SE over the 3 tuning seeds (100-102) on the tuning warm "
                "start (`model.warmstart.seed=3`); bold: the lr the rule chose. Rows: "

@@ -54,6 +54,19 @@ def test_the_lr_rule_ties_go_low_a_non_finite_run_counts_zero_and_a_missing_seed
         rerun.select_lr(rows, arms=("tie",), lrs=lrs, seeds=seeds)
 
 
+def test_the_stage1_table_names_the_arms_chosen_at_either_edge_of_the_grid():
+    lrs, seeds = rerun.LRS, rerun.TUNE_SEEDS
+    best = {arm: lrs[i % len(lrs)] for i, arm in enumerate(rerun.TUNE_ARMS)}  # bottom, middle, top, bottom, ...
+    rows = _tune_rows({(arm, lr, s): (0.6 if lr == best[arm] else 0.5) for arm in rerun.TUNE_ARMS for lr in lrs
+                       for s in seeds})
+    block = rerun.stage1_block({"t": rerun.select_lr(rows, arms=rerun.TUNE_ARMS, lrs=lrs, seeds=seeds)})
+    names = lambda lr: ", ".join(f"`{a}`" for a in rerun.TUNE_ARMS if best[a] == lr)  # noqa: E731
+    assert f"At the top of the grid ({max(lrs):g}, no higher lr tried): {names(max(lrs))}." in block
+    assert f"At the bottom of the grid ({min(lrs):g}, no lower lr tried): {names(min(lrs))}." in block
+    middle = [a for a in rerun.TUNE_ARMS if best[a] not in (min(lrs), max(lrs))]
+    assert middle and not any(f"`{a}`" in line for a in middle for line in block.splitlines() if "grid (" in line)
+
+
 def _headline_rows(shift_async, shift_window, noise):
     """45 rows per arm set: onpolicy at a base per (warm start, seed), grpo_async = onpolicy + shift_async + e,
     onpolicy_prev_window = grpo_async + shift_window + e/10 (e = noise[(warm start, seed)]); so the paired
