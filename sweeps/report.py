@@ -124,8 +124,10 @@ def read_results_csv(path: Path) -> list[Job]:
         rows = list(csv.DictReader(fh))
     jobs = []
     for i, row in enumerate(rows, start=1):
-        if "arm" not in row or "seed" not in row:
-            raise ValueError(f"{path}: row {i} has no 'arm' or 'seed' column")
+        absent = [c for c in ("arm", "seed") if c not in row]
+        if absent:
+            raise ValueError(f"{path}: row {i} has no {' or '.join(repr(c) for c in absent)} column; a results CSV "
+                             f"needs 'arm' and 'seed' (its columns: {', '.join(k for k in row if k)})")
         summary = {k: _number(v) for k, v in row.items() if k != "arm"}
         dotted = {k: v for k, v in row.items() if k and "." in k and v not in (None, "")}
         jobs.append(Job(source=f"{path}:{i}", overrides={"arm": row["arm"], **dotted, "seed": row["seed"]},
@@ -188,8 +190,14 @@ def resolve_arm(vs: str, arms: list[str]) -> str:
     """
     found = _matching(vs, arms)
     if len(found) != 1:
+        hint = ""
+        if len(found) > 1:  # one arm split by a key that varies like a seed (e.g. model.warmstart.seed)?
+            parts = [dict(q.split("=", 1) for q in a.split(" ") if "=" in q) for a in found]
+            keys = sorted({k for d in parts for k in d if len({d.get(k) for d in parts}) > 1})
+            hint = ("; if they are one arm over " + ", ".join(keys) + ", pair on it: --seed-key seed "
+                    + " ".join(f"--seed-key {k}" for k in keys))
         raise ValueError(f"--vs {vs!r} matches {len(found)} arms ({', '.join(found) or 'none'}); the arms are: "
-                         + "; ".join(arms))
+                         + "; ".join(arms) + hint)
     return found[0]
 
 
@@ -222,8 +230,8 @@ def _traits(jobs: list[Job], metric: str) -> dict[str, set]:
         train = f"{per_step / steps:g} completions/step" if per_step and steps else "?"
         return f"{train}, eval n={m.group(1) if m else _get(j.config, 'final_eval.num_samples') or '?'}"
 
-    return {"seeds": {"/".join(j.seed) for j in jobs}, "warm start": {start(j) for j in jobs},
-            "steps": {str(j.summary.get("steps", "?")) for j in jobs}, "test split": {j.test_split or "?" for j in jobs},
+    return {"seeds": {"/".join(j.seed) for j in jobs}, "warm starts": {start(j) for j in jobs},
+            "steps": {str(j.summary.get("steps", "?")) for j in jobs}, "test splits": {j.test_split or "?" for j in jobs},
             "generated samples": {samples(j) for j in jobs}}
 
 
@@ -489,6 +497,14 @@ def load(p: argparse.ArgumentParser, args) -> tuple[list[Job], list[str], list, 
     return jobs, warnings, curve_files, vs, args.metric or default_metric(jobs)
 
 
+def _no_metric(p: argparse.ArgumentParser, args, jobs: list[Job], metric: str) -> None:
+    """Exit (2) naming the metric no job has, whether it was given or the default, and the numeric keys there are."""
+    keys = sorted({k for j in jobs for k, v in j.summary.items() if isinstance(v, (int, float))})
+    given = f"--metric {metric}" if args.metric else f"no --metric given and no test_mean_at_<n> in every job, so {metric}"
+    p.error(f"{given}: no job has a number for it; name one with --metric"
+            + (f" (numeric keys: {', '.join(keys)})" if keys else ""))
+
+
 def report_markdown(argv: list[str]) -> str:
     """The report's table with its legend and warnings for ``argv`` (as on the command line), written nowhere:
     the generated blocks of the docs embed it (``sweeps/doc_tables.py``).
@@ -501,7 +517,7 @@ def report_markdown(argv: list[str]) -> str:
     jobs, warnings, _, vs, metric = load(p, args)
     rows = build_table(jobs, metric, vs, args.margin, warnings) if jobs else []
     if not rows:
-        p.error(f"--metric {metric}: no job has a number for it")
+        _no_metric(p, args, jobs, metric)
     text = markdown(rows, metric, vs, args.margin)
     return text + ("\n\nWarnings:\n" + "\n".join(f"- {w}" for w in warnings) if warnings else "")
 
@@ -519,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     if jobs:
         rows = build_table(jobs, metric, vs, args.margin, warnings)
         if not rows:
-            p.error(f"--metric {metric}: no job has a number for it")
+            _no_metric(p, args, jobs, metric)
         text = markdown(rows, metric, vs, args.margin)
         with (out / "report.csv").open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=["metric", *CSV_FIELDS], extrasaction="ignore")

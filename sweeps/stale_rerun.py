@@ -317,8 +317,22 @@ def recommendation_block(results: list[Result]) -> str:
         window = f"plain on-policy GRPO: the window costs accuracy on {', '.join(on('H3', 'worse'))}"
     else:
         window = f"plain on-policy GRPO: the window's effect is not established ({listing('H3')})"
-    return ("| you want | use (the rerun's reading) |\n|---|---|\n"
-            f"| asynchronous generation (lag 1) | {asynchronous} |\n| on-policy training | {window} |")
+    table = ("| you want | use (the rerun's reading) |\n|---|---|\n"
+             f"| asynchronous generation (lag 1) | {asynchronous} |\n| on-policy training | {window} |")
+    return table + "\n\n" + firmness_line([r for r in results if r.name in ("H1", "H3")])
+
+
+def firmness_line(results: list[Result]) -> str:
+    """Under the recommendation (not part of its pre-registered rule): how firm each comparison it reads is once
+    the warm start, not the run, is the unit, and whether its sign holds on every warm start."""
+    parts = []
+    for r in results:
+        signs = {math.copysign(1, d) for d in r.per_start.values() if d != 0}
+        sign = "the same sign on every warm start" if len(signs) == 1 else "signs that differ between warm starts"
+        parts.append(f"{r.task} {r.name} p = {_p(r.p_warm_starts)}, {sign}")
+    return ("How firm (not pre-registered): with the warm start as the unit (t over the 3 warm-start means, df 2): "
+            + "; ".join(parts) + ". The 15 runs per arm come from 3 warm starts: more warm starts, not more seeds, "
+            "would firm this up.")
 
 
 def readme_block(results: list[Result]) -> str:

@@ -77,11 +77,11 @@ def test_hand_made_sweep_statistics_and_warnings(crafted, tmp_path, capsys):
     assert a[:4] == ["| `algo=a trainer.max_steps=200`", "0, 1, 2", "3", f"0.600 +- {0.1 / math.sqrt(3):.3f}"]
     assert a[4:8] == ["+0.125 +- 0.025 (n=2)", "[+0.100, +0.150]", f"{1 - 2 * math.atan(5) / math.pi:.3f}",
                       f"{0.5 - math.atan(3) / math.pi:.3f}"]
-    assert "seeds differ: 0, 1, 2 vs baseline 0, 1" in a[8] and "warm start differ: 0.297, 0.316 vs baseline 0.297" in a[8]
+    assert "seeds differ: 0, 1, 2 vs baseline 0, 1" in a[8] and "warm starts differ: 0.297, 0.316 vs baseline 0.297" in a[8]
     c = lines[4].split(" | ")
     assert c[:5] == ["| `algo=c trainer.max_steps=100`", "0, 1", "2", "0.325 +- 0.025", "-0.100 +- 0.000"]
     assert c[6] == "-"  # both seeds differ by exactly -0.1: no spread, no t-test (not an error)
-    assert "steps differ: 100 vs baseline 200" in c[8] and "test split differ: prompts " in c[8]
+    assert "steps differ: 100 vs baseline 200" in c[8] and "test splits differ: prompts " in c[8]
     assert "generated samples differ: 32 completions/step, eval n=16 vs baseline 64 completions/step, eval n=16" in c[8]
     assert "SE = sample standard deviation / sqrt(n)" in text and "paired t-test" in text
     left = [w for w in lines if w.startswith("- left out")]
@@ -134,6 +134,30 @@ def test_results_csv_and_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main([str(path), "--margin", "-1"])
     assert "--margin must be positive" in capsys.readouterr().err
+    split = tmp_path / "split.csv"  # one arm per warm start: --vs names two until the warm start pairs
+    with split.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["arm", "model.warmstart.seed", "seed", "test_mean_at_16"])
+        w.writerows([[a, ws, s, 0.5 + 0.1 * s + (a == "async") * 0.05] for a in ("on", "async") for ws in (0, 1)
+                     for s in (0, 1)])
+    with pytest.raises(SystemExit):
+        report.main([str(split), "--vs", "on", "--out", str(tmp_path / "r")])
+    assert ("; if they are one arm over model.warmstart.seed, pair on it: --seed-key seed --seed-key "
+            "model.warmstart.seed") in capsys.readouterr().err
+    report.main([str(split), "--vs", "on", "--seed-key", "seed", "--seed-key", "model.warmstart.seed",
+                 "--out", str(tmp_path / "r")])
+    assert "+0.050 +- 0.000" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        report.main([str(split), "--metric", "val_mean_at_16", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert "--metric val_mean_at_16: no job has a number for it; name one with --metric" in err
+    assert "numeric keys: " in err and "test_mean_at_16" in err
+    no_seed = tmp_path / "no_seed.csv"
+    no_seed.write_text("arm,test_mean_at_16\non,0.5\n")
+    with pytest.raises(SystemExit):
+        report.main([str(no_seed), "--out", str(tmp_path / "r")])
+    assert "row 1 has no 'seed' column; a results CSV needs 'arm' and 'seed' (its columns: arm, test_mean_at_16)" \
+        in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,12 @@ def test_the_headline_comparisons_by_hand():
     assert "| asynchronous generation (lag 1) | `algo=grpo_async`: at or above on-policy GRPO (default better, " \
            "multistep on par) |" in advice
     assert "| on-policy training | plain on-policy GRPO: the window costs accuracy on multistep |" in advice
+    for r in results:  # the firmness line under it: H1 and H3 only, the warm start as the unit, signs by hand
+        same = len({d > 0 for d in r.per_start.values()}) == 1
+        said = f"{r.task} {r.name} p = {rerun._p(r.p_warm_starts)}, " + (
+            "the same sign on every warm start" if same else "signs that differ between warm starts")
+        assert (said in advice) == (r.name != "H2"), said
+    assert "signs that differ" in advice  # multistep H1: a 0.002 shift in 0.004 noise
     table = rerun.headline_block(values, {t: 0 for t in rerun.TASKS}, results)
     h1 = by[("default", "H1")]
     assert f"| H1 | `grpo_async` - `onpolicy` | {h1.paired.diff:+.3f} +- {h1.paired.se:.3f} |" in table
