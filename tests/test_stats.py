@@ -59,6 +59,8 @@ def test_bootstrap_by_hand():
     se = np.linspace(-1, 1, 41).std(ddof=0) / math.sqrt(41)  # the bootstrap SE of a mean uses ddof 0
     assert lo == pytest.approx(-1.96 * se, abs=0.03) and hi == pytest.approx(1.96 * se, abs=0.03)
     assert stats.bootstrap_ci([0.0, 1.0, 3.0], seed=5) == stats.bootstrap_ci([0.0, 1.0, 3.0], seed=5)
+    values = np.random.default_rng(3).normal(size=15)  # another pairing order, the same interval
+    assert stats.bootstrap_ci(values) == stats.bootstrap_ci(values[::-1]) == stats.bootstrap_ci(np.sort(values))
 
 
 def test_pairing_uses_common_seeds_only():

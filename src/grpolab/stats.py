@@ -55,7 +55,9 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 10_
                  seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean: resample the n values with replacement ``n_boot`` times and
     take the (1-level)/2 and (1+level)/2 quantiles of the resampled means (numpy's default linear quantiles).
-    Deterministic for a given ``seed``. With n <= 2 the interval is coarse (it only spans resampled means).
+    Deterministic for a given ``seed``, and independent of the values' order (they are sorted before resampling), so
+    two reports that pair the same runs in another order give the same interval. With n <= 2 the interval is
+    coarse (it only spans resampled means).
 
     Raises:
         ValueError: empty input, a non-finite value, or ``level`` outside (0, 1).
@@ -63,6 +65,7 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 10_
     arr = _array(values, "values")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
+    arr = np.sort(arr)
     rng = np.random.default_rng(seed)
     means = arr[rng.integers(0, len(arr), size=(n_boot, len(arr)))].mean(axis=1)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
