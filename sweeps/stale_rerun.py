@@ -202,12 +202,10 @@ def stage1_block(tables: dict) -> str:
                 row.append(f"**{text}**" if chosen[arm] == lr else text)
             lr = chosen[arm]
             out.append(f"| `{arm}` | " + " | ".join(row) + f" | {'pending' if lr is None else f'{lr:g}'} |")
-        top = [f"`{a}`" for a in TUNE_ARMS if chosen[a] == max(LRS)]
-        if top:
-            out.append(f"\nAt the top of the grid ({max(LRS):g}, no higher lr tried): {', '.join(top)}.")
-        bottom = [f"`{a}`" for a in TUNE_ARMS if chosen[a] == min(LRS)]
-        if bottom:
-            out.append(f"\nAt the bottom of the grid ({min(LRS):g}, no lower lr tried): {', '.join(bottom)}.")
+        for edge, lr, beyond in (("top", max(LRS), "higher"), ("bottom", min(LRS), "lower")):
+            at = [f"`{a}`" for a in TUNE_ARMS if chosen[a] == lr]
+            if at:
+                out.append(f"\nAt the {edge} of the grid ({lr:g}, no {beyond} lr tried): {', '.join(at)}.")
         out.append("")
     out.append("Validation mean@16 on 1024 prompts, mean +- SE over the 3 tuning seeds (100-102) on the tuning warm "
                "start (`model.warmstart.seed=3`); bold: the lr the rule chose. Rows: "
@@ -327,8 +325,7 @@ def firmness_line(results: list[Result]) -> str:
     the warm start, not the run, is the unit, and whether its sign holds on every warm start."""
     parts = []
     for r in results:
-        signs = {math.copysign(1, d) for d in r.per_start.values() if d != 0}
-        sign = "the same sign on every warm start" if len(signs) == 1 else "signs that differ between warm starts"
+        sign = "the same sign on every warm start" if r.robust else "signs that differ between warm starts"
         parts.append(f"{r.task} {r.name} p = {_p(r.p_warm_starts)}, {sign}")
     return ("How firm (not pre-registered): with the warm start as the unit (t over the 3 warm-start means, df 2): "
             + "; ".join(parts) + ". The 15 runs per arm come from 3 warm starts: more warm starts, not more seeds, "
