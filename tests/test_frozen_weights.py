@@ -4,6 +4,7 @@ resume after checking their hash, and refuse a resume whose config builds other 
 import pandas as pd
 import pytest
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
 from grpolab import frozen_weights
@@ -120,13 +121,12 @@ def test_a_resume_that_turns_on_ref_refresh_every_keeps_the_moving_reference(tmp
     the next checkpoints keep it, and resuming from one of them equals the uninterrupted run (the initial reference,
     rebuilt from the config, is not put back)."""
     steps6 = [o for o in CKPT if not o.startswith("trainer.max_steps")] + ["trainer.max_steps=6"]
-    # a small warm start (a few seconds, cached once for the three runs): rewards vary, so the policy and the KL move
-    warm = [o for o in FAST_OVERRIDES if not o.startswith("model.")] + [
-        "model.warmstart.target_accuracy=0.05", "model.warmstart.eval_every=5", "model.warmstart.num_heldout=32",
-        f"paths.cache_dir={tmp_path / 'cache'}", "algo.learning_rate=1e-3"]
+    # rewards that vary within every group by design (tests/certain_reward.py), not by what a warm start happens to
+    # sample on this processor: the policy moves at every step, so the KL to a refreshed reference moves too
+    moving_policy = [*FAST_OVERRIDES, *varied(), "algo.learning_rate=1e-2"]
 
     def run(path, *overrides, max_steps=steps6):
-        summary = run_training(compose_train_cfg(path, [*warm, *max_steps, *FULL, *overrides], own_cache=False))
+        summary = run_training(compose_train_cfg(path, [*moving_policy, *max_steps, *FULL, *overrides]))
         return summary, pd.read_csv(path / "metrics.csv")
 
     run(tmp_path / "frozen", max_steps=CKPT)
@@ -140,7 +140,7 @@ def test_a_resume_that_turns_on_ref_refresh_every_keeps_the_moving_reference(tmp
     cols = ["train/loss", "train/kl"]
     tail = full[full["step"] >= 4].dropna(subset=["train/loss"])[cols].reset_index(drop=True)
     got = again[again["step"] >= 4].dropna(subset=["train/loss"])[cols].reset_index(drop=True)
-    assert len(got) == 2 and (got["train/kl"] > 0).any()
+    assert len(got) == 2 and (got["train/kl"] > 0).all()
     pd.testing.assert_frame_equal(tail, got)
 
 def _tail(frame, after: int, cols=("train/loss", "train/kl")):
