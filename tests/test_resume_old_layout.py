@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
 from grpolab.run import run_training
 
-# k = 4, the reference refreshed every 3 steps, adaptive refresh: the full run refreshes its reference at steps 3
-# and 6 and ends its second buffer early at step 6 on the drift measured at step 5.
+# k = 4, the reference refreshed every 3 steps, adaptive refresh with a bound that any move of the policy passes
+# (rewards that vary by design, tests/certain_reward.py, so the policy moves at every step with a learning rate): the
+# full run refreshes its reference at steps 3 and 6 and ends each buffer at its second trained step (lag 1, the first
+# with a drift: step 0 trains at learning rate 0), at steps 3, 5 and 7.
 COMMON = [*FAST_OVERRIDES, "algo=grpo_offpolicy", "algo.steps_per_generation=4", "algo.beta=0.04",
-          "algo.ref_refresh_every=3", "algo.learning_rate=1e-2", "algo.truncated_reward=-1.0",
-          "rollout.refresh=adaptive", "rollout.max_drift=0.02", "trainer.max_steps=8",
+          "algo.ref_refresh_every=3", "algo.learning_rate=1e-2", *varied(),
+          "rollout.refresh=adaptive", "rollout.max_drift=1e-9", "trainer.max_steps=8",
           "trainer.val_check_interval=100", "val.at_start=false", "callbacks.model_checkpoint.every_n_train_steps=1",
           "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
           "callbacks.model_checkpoint.filename='step{step}'"]
@@ -42,15 +45,15 @@ def _policy(run):
 
 def test_a_checkpoint_in_the_old_layout_resumes_exactly(tmp_path):
     full = run_training(compose_train_cfg(tmp_path / "full", COMMON))
-    assert full["drift_refresh_steps"] == [6]
+    assert full["drift_refresh_steps"] == [3, 5, 7]
     expected = pd.read_csv(tmp_path / "full" / "metrics.csv").dropna(subset=["train/loss"]).set_index("step")
-    for step in (5, 6):  # mid-buffer after the refresh at 3; at the step whose reference refresh and early end are due
+    for step in (5, 6):  # at the step whose early end is due; mid-buffer, at the step whose reference refresh is due
         saved = torch.load(tmp_path / "full" / "checkpoints" / f"step{step}.ckpt", weights_only=False)
         assert saved["grpolab"]["reference_version"] == 3 and saved["grpolab"]["drift"] is not None
         old = _old_layout(tmp_path / "full" / "checkpoints" / f"step{step}.ckpt", tmp_path / f"old{step}.ckpt")
         run = tmp_path / f"resumed{step}"
         resumed = run_training(compose_train_cfg(run, [*COMMON, f"ckpt_path={old}"]))
-        assert resumed["drift_refresh_steps"] == [6] and resumed["sampler_refreshes"] == full["sampler_refreshes"]
+        assert resumed["drift_refresh_steps"] == [3, 5, 7] and resumed["sampler_refreshes"] == full["sampler_refreshes"]
         metrics = pd.read_csv(run / "metrics.csv").dropna(subset=["train/loss"]).set_index("step")
         for column in ("train/loss", "train/kl", "train/rollout/drift", "train/lag"):
             assert metrics[column].equals(expected.loc[metrics.index, column]), (step, column)

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
@@ -124,11 +125,12 @@ def test_sums_over_ranks_use_the_strategy_device(group_without_a_cpu_backend):
 
 
 def test_a_masked_minibatch_still_measures_drift_in_training(tmp_path):
-    """A warm-started tiny model, the paper's off-policy schedule: on steps whose previous minibatch had every group
-    masked (no loss token), the drift read is still positive once the policy has moved from the sampler."""
-    warm = [o for o in FAST_OVERRIDES if not o.startswith("model.")] + [
-        "model.warmstart.target_accuracy=0.05", "model.warmstart.eval_every=5", "model.warmstart.num_heldout=32"]
-    cfg = compose_train_cfg(tmp_path, [*warm, "algo=grpo_offpolicy", "algo.steps_per_generation=8",
+    """The paper's off-policy schedule: on steps whose previous minibatch had every group masked (no loss token), the
+    drift read is still positive once the policy has moved from the sampler. Both situations are made by construction
+    (tests/certain_reward.py): half the prompts (by uid, which the data's seed decides) score a constant reward, so
+    some minibatches are wholly masked, and the others score distinct completions differently, so the policy moves."""
+    cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *varied(constant_every=2), "algo=grpo_offpolicy",
+                                       "algo.steps_per_generation=8",
                                        "algo.learning_rate=1e-3", "rollout.refresh=adaptive", "rollout.max_drift=10",
                                        "trainer.max_steps=16", "val.at_start=false", "trainer.val_check_interval=100",
                                        "save_policy=false"])

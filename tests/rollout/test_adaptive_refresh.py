@@ -4,6 +4,7 @@ the refresh steps reach summary.json, a bound never reached changes nothing, and
 import pandas as pd
 import pytest
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
@@ -14,7 +15,7 @@ from grpolab.run import run_training
 
 # k = 4, a learning rate high enough for the tiny random model to drift measurably within a buffer
 COMMON = [*FAST_OVERRIDES, "algo=grpo_offpolicy", "algo.steps_per_generation=4", "algo.learning_rate=1e-2",
-          "algo.truncated_reward=-1.0", "trainer.val_check_interval=100", "val.at_start=false"]
+          *varied(), "trainer.val_check_interval=100", "val.at_start=false"]
 
 
 def _run(out, *overrides):
