@@ -19,3 +19,9 @@ class ConfigError(ValueError):
 class ConfigPathError(ConfigError, FileNotFoundError):
     """A :class:`ConfigError` for a file or folder named in the config that does not exist (``data.path``,
     ``model.path``, ``ckpt_path``); also a ``FileNotFoundError``."""
+
+
+class VocabularyError(ConfigError):
+    """A :class:`ConfigError` for data the model's tokenizer cannot represent: a character of a prompt or a gold
+    answer that the embedded tiny model's character vocabulary does not hold (its tokenizer would drop it). The
+    message names the split, the row, the character and ``model.extra_chars``, the key that extends the vocabulary."""

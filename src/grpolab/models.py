@@ -26,15 +26,21 @@ from typing import Any
 
 import torch
 from filelock import FileLock
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
-    PreTrainedTokenizerFast,
     Qwen2Config,
 )
 
+from grpolab.char_tokenizer import (
+    CHAR_SPECIALS,
+    CHAR_VOCAB,
+    build_char_tokenizer,
+    char_vocab,
+    check_covers,
+    extend_hint,
+)
 from grpolab.config_checks import check_local_folder
 from grpolab.errors import ConfigError
 from grpolab.lora import AdapterDisabledReference, LoraAdapterConfig, apply_lora, is_peft
@@ -186,6 +192,10 @@ class PretrainedModel:
         tok = AutoTokenizer.from_pretrained(self.tokenizer_path or self.source, trust_remote_code=self.trust_remote_code)
         return _prepare_tokenizer(tok)
 
+    def check_text(self, task: Any, tokenizer: Any, splits: dict[str, list[dict]] | None = None) -> None:
+        """Refuse data the tokenizer cannot represent, before any step. Nothing to check here: a real tokenizer
+        (byte-level BPE, SentencePiece with byte fallback) represents any text; the tiny model's does not."""
+
     def load_policy(self, task: Any | None = None) -> torch.nn.Module:
         """Load the trainable policy. ``task`` is unused here (the tiny model uses it to warm-start)."""
         if self.init == "random":
@@ -262,23 +272,6 @@ class TinyQwenModel(PretrainedModel):
         return self._finish(random_qwen2(self.load_tokenizer(), self.arch, self.seed, _dtype(self.dtype)))
 
 
-CHAR_VOCAB = list("0123456789+-*=()., ")
-CHAR_SPECIALS = ["<pad>", "<eos>", "<unk>"]
-
-
-def build_char_tokenizer(chars: list[str] | None = None) -> PreTrainedTokenizerFast:
-    """A character-level fast tokenizer: one token per character, ``<pad>``=0, ``<eos>``=1, ``<unk>``=2.
-
-    It saves and reloads with ``save_pretrained``/``AutoTokenizer.from_pretrained`` like any HF tokenizer.
-    """
-    vocab = {t: i for i, t in enumerate(CHAR_SPECIALS + list(chars or CHAR_VOCAB))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    return _prepare_tokenizer(tok)
-
-
 class TinyCharModel(PretrainedModel):
     """The embedded default: a Qwen2 model of about 1M parameters with a character-level tokenizer.
 
@@ -289,10 +282,18 @@ class TinyCharModel(PretrainedModel):
     :meth:`cache_key` (architecture, vocabulary, warm-start settings, training rows), so every seed of a sweep
     loads the same one.
 
+    The tokenizer (:mod:`grpolab.char_tokenizer`) holds the digits, ``+-*=().,`` and space, then the characters
+    of ``extra_chars``; :meth:`check_text` refuses data with any other character before any step.
+
     Args:
         cache_dir: folder for warm-started models (``${paths.cache_dir}``).
         warmstart: dict of :func:`grpolab.warmstart.warm_start` arguments, or None to skip it.
         path: a local folder to load instead (a run's ``policy/``), skipping the build.
+        extra_chars: characters added to the vocabulary (a string, e.g. ``"abc?"``, or a list), after the
+            built-in ones, whose ids do not change.
+
+    Raises:
+        ConfigError: naming ``model.extra_chars`` when it is not a string or a list of single characters.
     """
 
     def __init__(
@@ -310,6 +311,7 @@ class TinyCharModel(PretrainedModel):
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
         lora: dict | None = None,
+        extra_chars: str | list[str] | None = None,
     ) -> None:
         super().__init__(name_or_path="tiny-char", path=path, dtype=dtype,
                          gradient_checkpointing=gradient_checkpointing, lora=lora)
@@ -319,11 +321,32 @@ class TinyCharModel(PretrainedModel):
         self.seed = seed
         self.cache_dir = cache_dir
         self.warmstart = dict(warmstart) if warmstart else None
+        self.chars = char_vocab(extra_chars)
+        self.extra_chars = self.chars[len(CHAR_VOCAB):]
 
     def load_tokenizer(self) -> Any:
         if self.path:
             return super().load_tokenizer()
-        return build_char_tokenizer()
+        return build_char_tokenizer(self.chars)
+
+    def check_text(self, task: Any, tokenizer: Any, splits: dict[str, list[dict]] | None = None) -> None:
+        """Refuse a prompt or gold answer with a character the character-level tokenizer cannot represent.
+
+        Args:
+            task: the task; its ``splits()`` (train, val, test) unless ``splits`` is given.
+            tokenizer: :meth:`load_tokenizer`'s tokenizer.
+            splits: ``{split name: rows}`` to check instead (the rows an evaluation samples).
+
+        Raises:
+            VocabularyError: naming the split, the row and the character, and ``model.extra_chars``.
+        """
+        if self.path:  # the folder's tokenizer: the run that exported it fixed its vocabulary
+            hint = (f"The tokenizer comes from model.path={self.path}: a run with model.extra_chars covering them "
+                    "exports one that holds them (a policy/ exported by an earlier grpolab drops every space: "
+                    "evaluate its run's checkpoint with ckpt_path= instead)")
+            check_covers(task, tokenizer, splits, lambda missing: hint)
+        else:
+            check_covers(task, tokenizer, splits, lambda missing: extend_hint(self.extra_chars, missing))
 
     def stop_token_ids(self, tokenizer: Any) -> list[int]:
         if self.path:
@@ -340,7 +363,7 @@ class TinyCharModel(PretrainedModel):
         rows = task.splits()["train"] if task is not None else []
         ws = dict(self.warmstart or {})
         # laid out as before warmstart.seed existed (top-level "seed"), so seed-0 entries already cached stay valid
-        blob = json.dumps({"arch": self.arch, "seed": int(ws.pop("seed", 0)), "vocab": CHAR_SPECIALS + CHAR_VOCAB,
+        blob = json.dumps({"arch": self.arch, "seed": int(ws.pop("seed", 0)), "vocab": CHAR_SPECIALS + self.chars,
                            "warmstart": ws or None,
                            "train": [(r["prompt"], r["answer"]) for r in rows]},
                           sort_keys=True)

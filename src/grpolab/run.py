@@ -65,6 +65,7 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
     verifier = _build(cfg, "verifier")
     model_spec = _build(cfg, "model")
     tokenizer = model_spec.load_tokenizer()
+    model_spec.check_text(task, tokenizer)  # the tiny model's vocabulary covers every row of every split
     algo = with_prompt_limit(algo, model_spec, task, tokenizer)  # every row of every split, before the first step
     module = GRPOModule(model=model_spec, cfg=algo, optimizer=instantiate(cfg.algo.optimizer),
                         lr_scheduler=instantiate(cfg.algo.lr_scheduler) if cfg.algo.get("lr_scheduler") else None,

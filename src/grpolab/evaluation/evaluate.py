@@ -329,6 +329,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     run = run_folder(cfg)
     run_info = check_run_data(cfg, run) if run is not None and not benchmark else None
     tokenizer = spec.load_tokenizer()
+    spec.check_text(task, tokenizer, {split: rows})  # the tiny model's vocabulary covers the rows sampled
     policy = load_policy(cfg, spec, task).to(_device(e.device))
     policy.eval()
     engine = instantiate(engine_args, stop_token_ids=spec.stop_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)

@@ -115,9 +115,9 @@ def model_shape(model: Any) -> tuple[ModelShape | None, str]:
         return ModelShape.from_mapping(model["architecture"], "model.architecture"), "model.architecture"
     if target.endswith(("TinyCharModel", "TinyQwenModel")):
         if target.endswith("TinyCharModel"):
-            from grpolab.models import CHAR_SPECIALS, CHAR_VOCAB
+            from grpolab.char_tokenizer import build_char_tokenizer, char_vocab
 
-            vocab = len(CHAR_SPECIALS) + len(CHAR_VOCAB)
+            vocab = len(build_char_tokenizer(char_vocab(model.get("extra_chars"))))
         else:
             vocab = _tokenizer_size(model.get("tokenizer_path"))
             if vocab is None:
