@@ -6,6 +6,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
@@ -15,7 +16,7 @@ from grpolab.lora import AdapterDisabledReference
 from grpolab.models import build_char_tokenizer, random_qwen2
 from grpolab.run import build, run_training
 
-LORA = ["model.lora.r=4", "algo.beta=0.04", "algo.truncated_reward=-1.0", "algo.learning_rate=1e-2"]
+LORA = ["model.lora.r=4", "algo.beta=0.04", *varied(), "algo.learning_rate=1e-2"]
 
 
 def _run(tmp_path, *overrides):

@@ -4,13 +4,14 @@ with the uninterrupted run's weights (and without them it would not)."""
 
 import pandas as pd
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
 from grpolab.run import run_training
 
 # epsilon 0.01: a window narrow enough to bind on a few-step run of the small random model
-COMMON = ["algo=grpo_onpolicy_prev_window", "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3",
+COMMON = ["algo=grpo_onpolicy_prev_window", *varied(), "algo.learning_rate=1e-3",
           "algo.epsilon=0.01", "trainer.val_check_interval=100", "val.at_start=false",
           "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_checkpoint.monitor=null",
           "callbacks.model_checkpoint.save_top_k=-1", "callbacks.model_checkpoint.filename='step{step}'"]

@@ -3,6 +3,7 @@ alone; without it AdamW's momentum keeps moving them (the multistep collapse in 
 
 import pandas as pd
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
@@ -13,7 +14,7 @@ from grpolab.run import run_training
 MASK_ALL_STALE = ["algo=grpo_offpolicy", "algo.steps_per_generation=3", "algo.clip_mode=token_is_mask",
                   "algo.is_mask_low=0.999999", "algo.is_mask_high=1.000001", "algo.learning_rate=1e-2",
                   "rollout.recompute_sampler_logp=true",  # log alpha from the trainer: lag-0 ratios exactly 1
-                  "algo.truncated_reward=-1.0",  # rewards that differ within groups from step 0 (a gradient)
+                  *varied(),  # rewards that differ within groups from step 0 (a gradient)
                   "trainer.val_check_interval=100", "val.at_start=false"]
 
 

@@ -5,6 +5,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -24,9 +25,9 @@ def _run(tmp_path, *overrides):
     [("grpo_onpolicy", 4, 4), ("grpo_offpolicy", 4, 1), ("grpo_reuse", 4, 1), ("grpo_async", 4, 4)],
 )
 def test_each_algo_runs_and_refreshes_the_sampler_on_schedule(tmp_path, algo, steps, refreshes):
-    # truncated_reward=-1 gives the random model reward variance (stopped vs never stopped), so it learns.
+    # rewards that vary within every group by design (tests/certain_reward.py): the policy learns at every step.
     summary, metrics = _run(tmp_path, f"algo={algo}", f"trainer.max_steps={steps}", "trainer.val_check_interval=4",
-                            "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3")
+                            *varied(), "algo.learning_rate=1e-3")
     assert summary["steps"] == steps and summary["sampler_refreshes"] == refreshes
     assert json.loads((tmp_path / "summary.json").read_text())["algo"] == algo
     train = metrics.dropna(subset=["train/loss"])
@@ -99,7 +100,7 @@ def test_nan_loss_stops_with_the_step_and_quantity(tmp_path):
 def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     pattern = r"step \d+: (loss is (nan|inf)|gradient norm is (nan|inf)|policy weights are non-finite|sampling failed)"
     with pytest.raises(NonFiniteLossError, match=pattern):
-        _run(tmp_path, "algo.learning_rate=1e30", "algo.truncated_reward=-1.0", "algo.max_grad_norm=null", "trainer.max_steps=20",
+        _run(tmp_path, "algo.learning_rate=1e30", *varied(), "algo.max_grad_norm=null", "trainer.max_steps=20",
              "callbacks.model_checkpoint.every_n_train_steps=1", "callbacks.model_checkpoint.monitor=null",
              "trainer.val_check_interval=100", "val.at_start=false")
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)

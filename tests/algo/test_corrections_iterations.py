@@ -5,6 +5,7 @@ decoupled PPO takes several minibatch updates per batch)."""
 
 import pandas as pd
 import pytest
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
 from grpolab.run import run_training
@@ -12,7 +13,7 @@ from grpolab.run import run_training
 # k = 1, i = 4: one minibatch, sampled by the policy itself, used for 4 updates (lag 0..3). A learning rate that
 # moves the tiny random model within one update, and a narrow window (eps 0.02) so a moved token leaves it.
 COMMON = [*FAST_OVERRIDES, "algo=grpo_reuse", "algo.num_iterations=4", "trainer.max_steps=4", "algo.learning_rate=1e-2",
-          "algo.lr_scheduler.num_warmup_steps=0", "algo.epsilon=0.02", "algo.truncated_reward=-1.0", "trainer.val_check_interval=100",
+          "algo.lr_scheduler.num_warmup_steps=0", "algo.epsilon=0.02", *varied(), "trainer.val_check_interval=100",
           "val.at_start=false", "final_eval.enabled=false"]
 VARIANTS = {"offpolicy_grpo": [], "decoupled_ppo": [], "decoupled_loglinear": ["algo.proximal_policy=loglinear"],
             "seq_is_mask": [], "geo_seq_mask": [], "token_is_mask": [], "cispo": [], "ppo": []}

@@ -9,17 +9,19 @@ import sys
 from pathlib import Path
 
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, REPO_ROOT
 
 STEPS, G = 3, 4
 COMMON = ["trainer.devices=2", "algo.loss_type=dapo", f"trainer.max_steps={STEPS}", "algo.micro_batch_size=4",
-          "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3", f"algo.num_generations={G}", "algo.beta=0.04",
+          *varied(), "algo.learning_rate=1e-3", f"algo.num_generations={G}", "algo.beta=0.04",
           "+callbacks.audit._target_=rank_audit.RankAudit"]
 
 
 def train(out: Path, *overrides: str, timeout: int = 150) -> subprocess.CompletedProcess:
     """Run src/train.py in a fresh process (Lightning re-launches it once per extra rank)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(Path(__file__).parent)]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(Path(__file__).parent),
+                                                    str(REPO_ROOT / "tests")]),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
            "GRPOLAB_CACHE": str(out / "cache")}
     cmd = [sys.executable, str(REPO_ROOT / "src" / "train.py"), *FAST_OVERRIDES, f"hydra.run.dir={out}",

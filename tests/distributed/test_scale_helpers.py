@@ -3,6 +3,7 @@ checkpointing on the policy."""
 
 import pytest
 import torch
+from certain_reward import varied
 from conftest import TINY_ARCH
 from omegaconf import OmegaConf
 
@@ -109,7 +110,7 @@ def test_bf16_mixed_run_samples_in_the_training_precision(tmp_path):
     from grpolab.run import run_training
 
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "trainer.precision=bf16-mixed", "algo=grpo_offpolicy",
-                                       "algo.steps_per_generation=2", "algo.truncated_reward=-1.0",
+                                       "algo.steps_per_generation=2", *varied(),
                                        "trainer.max_steps=3", "val.at_start=false", "model.gradient_checkpointing=true"])
     run_training(cfg)
     train = pd.read_csv(tmp_path / "metrics.csv").dropna(subset=["train/loss"])

@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 import pytest
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
 from grpolab.run import build, run_training
@@ -12,7 +13,7 @@ from grpolab.run import build, run_training
 def test_final_eval_writes_mean_at_n_with_stderr_and_per_prompt(tmp_path):
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "algo=grpo_offpolicy", "algo.steps_per_generation=2",
                                        "algo.importance_weight_cap=2.0", "trainer.max_steps=2",
-                                       "trainer.val_check_interval=2", "algo.truncated_reward=-1.0",
+                                       "trainer.val_check_interval=2", *varied(),
                                        "final_eval.enabled=true", "final_eval.num_samples=4",
                                        "final_eval.batch_size=5"])
     summary = run_training(cfg)

@@ -6,6 +6,7 @@ import time
 import pandas as pd
 import pytest
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
@@ -37,7 +38,7 @@ def _no_timing(train):
 
 
 def test_k1_copy_engine_trains_exactly_like_the_in_place_engine(tmp_path):
-    common = ["trainer.max_steps=3", "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]
+    common = ["trainer.max_steps=3", *varied(), "algo.learning_rate=1e-3"]
     s_in, m_in = _run(tmp_path / "inplace", *common)
     s_copy, m_copy = _run(tmp_path / "copy", *common, "rollout=hf_copy")
     assert _same_weights(tmp_path / "inplace", tmp_path / "copy")
@@ -49,7 +50,7 @@ def test_k1_copy_engine_trains_exactly_like_the_in_place_engine(tmp_path):
 def test_async_lag_is_k_to_2k_minus_1_and_runs_are_deterministic(tmp_path):
     # rollout.async_generation=true alone: the default in-place engine is replaced by its copy-owning variant
     common = ["rollout.async_generation=true", "algo=grpo_offpolicy", "algo.steps_per_generation=3",
-              "trainer.max_steps=9", "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]
+              "trainer.max_steps=9", *varied(), "algo.learning_rate=1e-3"]
     summary, train = _run(tmp_path / "a", *common)
     # buffer 0 from pi_0 (lag 0..2), then buffer r+1 from the weights pushed at refresh r (lag 3..5)
     assert train["train/lag"].tolist() == [0, 1, 2, 3, 4, 5, 3, 4, 5]
@@ -80,7 +81,7 @@ def test_async_resume_regenerates_the_buffer_in_flight_exactly(tmp_path):
     common = [*ASYNC, "algo=grpo_offpolicy", "algo.steps_per_generation=3", "trainer.max_steps=8",
               "trainer.val_check_interval=100", "callbacks.model_checkpoint.every_n_train_steps=4",
               "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.save_top_k=-1",
-              "callbacks.model_checkpoint.filename='step{step}'", "algo.truncated_reward=-1.0",
+              "callbacks.model_checkpoint.filename='step{step}'", *varied(),
               "algo.learning_rate=1e-3"]
     full_summary, full = _run(tmp_path / "full", *common)
     ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"
@@ -135,7 +136,7 @@ def test_async_on_policy_settings_still_store_log_alpha(tmp_path):
     # k = i = 1 with async generation trains at lag 1: the ratio must be taken against the stale sampler,
     # so log alpha has to be stored although the synchronous k = i = 1 run skips it (its ratio is exactly 1).
     _, train = _run(tmp_path / "a", "rollout.async_generation=true", "trainer.max_steps=4",
-                    "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3")
+                    *varied(), "algo.learning_rate=1e-3")
     assert train["train/lag"].tolist() == [0, 1, 1, 1]
     # (the warm-up schedule's lr is 0 at step 0, so pi_1 = pi_0 and step 1's sampler is not yet stale)
     # (equal weights give equal log-probs to fp32 round-off: the sampler copy has requires_grad off, which can
@@ -199,7 +200,7 @@ def test_async_bf16_buffers_are_sampled_under_the_training_autocast(tmp_path):
     # autocast is per thread: the background sampler enters the trainer's precision context itself, so with the
     # trainer's own log alpha (recompute_sampler_logp=true) the lag-0 ratio of the first buffer is exactly 1.
     _, train = _run(tmp_path / "a", *ASYNC, "rollout.recompute_sampler_logp=true", "trainer.precision=bf16-mixed",
-                    "algo=grpo_offpolicy", "algo.steps_per_generation=2", "algo.truncated_reward=-1.0",
+                    "algo=grpo_offpolicy", "algo.steps_per_generation=2", *varied(),
                     "trainer.max_steps=3")
     lag0 = train[train["train/lag"] == 0]
     assert len(lag0) == 1 and lag0["train/ratio/max"].iloc[0] == 1.0 and lag0["train/ratio/min"].iloc[0] == 1.0

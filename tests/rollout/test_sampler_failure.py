@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from certain_reward import varied
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
 from grpolab.run import run_training
@@ -21,7 +22,7 @@ from grpolab.run import run_training
 HERE = Path(__file__).resolve().parent
 COMMON = [*FAST_OVERRIDES, "val.at_start=false", "trainer.val_check_interval=1000",
           "callbacks.completions.every_n_steps=1000", "final_eval.enabled=false", "trainer.max_steps=4",
-          "algo.truncated_reward=-1.0", "algo.learning_rate=1e-3"]  # rewards that differ: the policy moves every step
+          *varied(), "algo.learning_rate=1e-3"]  # rewards that differ: the policy moves every step
 FAILING = ["rollout._target_=failing_engine.FailingHFEngine", "+rollout.fail_at_call=3"]  # refill before step 3
 ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]
 
@@ -108,7 +109,8 @@ def test_a_sampler_with_no_restart_left_fails_naming_why(tmp_path):
                                                 "+rollout.fail_at_call=3"]], ids=["sync", "async"])
 def test_train_py_prints_one_line_with_the_resume_command_and_exits_1(tmp_path, failing):
     # async: the background sampler's error surfaces at the step-2 boundary, the same one line (no traceback)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(HERE)]), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(HERE), str(REPO_ROOT / "tests")]),
+           "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     out = subprocess.run([sys.executable, str(REPO_ROOT / "src" / "train.py"), *COMMON, *failing,
                           f"hydra.run.dir={tmp_path}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
