@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from grpolab.callbacks.hparams import log_config
 from grpolab.callbacks.interrupt import SIGNALS, StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.callbacks.sampler_failure import SaveOnSamplerFailure, summary_keys
@@ -91,6 +92,7 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
     callbacks.append(SaveOnSamplerFailure(ckpt_dir))  # a sampler failure: last.ckpt at the last completed step
     silence_expected_lightning_warnings()
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
+    log_config(loggers, cfg)  # the composed config as the run's hyperparameters (W&B config, TensorBoard hparams)
     trainer = _build(cfg, "trainer", callbacks=callbacks, logger=loggers)
     return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer, "stop": stop}
 
