@@ -153,7 +153,7 @@ def test_a_resume_that_turns_off_ref_refresh_every_keeps_the_moved_reference(tmp
     of checkpoints by default), the moved reference must stay in the next checkpoints: resuming again from one of
     them equals the first resumed run (before, the initial reference was rebuilt and the resume refused as another
     model). The opposite direction (turning it on) is test_a_resume_that_turns_on_ref_refresh_every_... ."""
-    moving = [*FULL, "algo.truncated_reward=-1.0", "algo.learning_rate=1e-2"]  # reward variance: the policy moves
+    moving = [*FULL, *varied(), "algo.learning_rate=1e-2"]  # reward variance: the policy moves
     _run(tmp_path / "a", *moving, "algo.ref_refresh_every=1")  # the reference moves at steps 1-3
     _, b = _run(tmp_path / "b", *moving, "trainer.max_steps=8",
                 f"ckpt_path={tmp_path / 'a' / 'checkpoints' / 'step4.ckpt'}")
