@@ -79,6 +79,20 @@ def test_metrics_before_a_resume_are_kept_in_front_of_the_resumed_rows(tmp_path)
     assert _rows(tmp_path / "metrics.csv") == rows
 
 
+def test_two_hard_kills_in_a_row_keep_every_row_before_the_second_checkpoint(tmp_path):
+    """Issue 39 item 6: a resumed job killed -9 (no stitch ran) and resumed again: the rows set aside at the first
+    resume are put back before the second set-aside, not deleted (steps 0-39 of 150 were lost)."""
+    _write(tmp_path / "metrics.csv", [{"step": str(s), "train/loss": f"0.{s}"} for s in range(6)])
+    set_aside_metrics(tmp_path, step=3)  # first resume, from a checkpoint at step 3
+    _write(tmp_path / "metrics.csv", [{"step": str(s), "train/loss": f"1.{s}"} for s in range(3, 8)])  # then kill -9
+    set_aside_metrics(tmp_path, step=6)  # second resume, from a checkpoint at step 6
+    _write(tmp_path / "metrics.csv", [{"step": str(s), "train/loss": f"2.{s}"} for s in range(6, 9)])
+    stitch_metrics(tmp_path)
+    assert [(r["step"], r["train/loss"]) for r in _rows(tmp_path / "metrics.csv")] == [
+        ("0", "0.0"), ("1", "0.1"), ("2", "0.2"), ("3", "1.3"), ("4", "1.4"), ("5", "1.5"), ("6", "2.6"),
+        ("7", "2.7"), ("8", "2.8")]
+
+
 def _sigint_when(args: list[str], ready, what: str) -> str:
     """Run ``src/train.py <args>`` in its own process group; SIGINT the group once ``ready()`` (or fail after 240 s
     naming ``what``). Asserts the sweep exits 130; returns its output."""

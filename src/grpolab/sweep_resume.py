@@ -5,7 +5,8 @@ A multirun job's folder is ``<hydra.sweep.dir>/<num>_<overrides>`` (``conf/hydra
 with the same ``hydra.sweep.dir=...`` gives every job the folder it had before (``hydra.job.chdir`` is false and
 the name holds no time stamp). At the start of each job (:func:`resume_or_skip`, from ``src/train.py``):
 
-- **finished** (``summary.json`` with ``"interrupted": false`` and ``steps`` >= ``trainer.max_steps``): the job
+- **finished** (``summary.json`` with ``"interrupted": false``, not failed, ``steps`` >= ``trainer.max_steps`` and
+  the final eval's score when ``final_eval.enabled``: :func:`grpolab.run_files.run_status`): the job
   logs one line and returns the saved summary, so the multirun counts it as a success; nothing in its folder is
   written again except Hydra's own ``.hydra/*.yaml`` (the same composed config) and one line in ``train.log``.
 - **interrupted** (no finished summary, ``checkpoints/last.ckpt`` present: Ctrl-C, SIGTERM, a killed process
@@ -22,11 +23,12 @@ A run that sets ``ckpt_path=`` itself, and a single run (not ``-m``), are left a
 from __future__ import annotations
 
 import csv
-import json
 import logging
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from grpolab.run_files import RunStatus, read_config, run_status, write_csv
 
 log = logging.getLogger("grpolab")
 
@@ -39,38 +41,30 @@ def last_checkpoint(out: Path) -> Path:
     return out / "checkpoints" / "last.ckpt"
 
 
-def read_summary(out: Path) -> dict | None:
-    """The job's ``summary.json`` as a dict, or None when there is none or it is not valid JSON (a job killed while
-    writing it)."""
-    try:
-        summary = json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
-
-
-def is_finished(summary: dict | None, max_steps: int | None) -> bool:
-    """True for a summary of a run that was not interrupted and reached ``max_steps`` (None or -1: any length)."""
-    if not summary or summary.get("interrupted"):
-        return False
-    return max_steps is None or max_steps < 0 or int(summary.get("steps") or 0) >= max_steps
-
-
 def job_state(out: Path, max_steps: int | None = None) -> str:
-    """One of :data:`STATES` for a job folder: ``finished`` (see :func:`is_finished`; ``max_steps`` None takes the
-    summary's word), ``interrupted`` (a summary marked so, or ``last.ckpt`` without a finished summary), ``failed``
-    (``error.txt``, written by a multirun job that raised), ``running or killed`` (started: a ``metrics.csv`` or
-    ``.hydra/``, nothing else) or ``not started``."""
-    summary = read_summary(out)
-    if is_finished(summary, max_steps):
+    """One of :data:`STATES` for a job folder (:func:`state_of` its :func:`~grpolab.run_files.run_status`);
+    ``max_steps`` overrides the ``trainer.max_steps`` of its ``.hydra/config.yaml`` (neither: the summary's word)."""
+    config = read_config(out)
+    if max_steps is not None:
+        config = {**config, "trainer": {**(config.get("trainer") or {}), "max_steps": max_steps}}
+    return state_of(out, run_status(out, config))
+
+
+def state_of(out: Path, status: RunStatus) -> str:
+    """One of :data:`STATES`: ``finished`` (finished with every number it owes, :mod:`grpolab.run_files`),
+    ``interrupted`` (a summary marked so, or ``last.ckpt`` without a finished summary: a rerun resumes it),
+    ``failed`` (``error.txt``, written by a multirun job that raised, or a summary of a failed run, without a
+    checkpoint), ``running or killed`` (started: a ``metrics.csv``, ``.hydra/`` or a summary that is not finished,
+    nothing else) or ``not started``."""
+    summary = status.summary
+    if status.finished:
         return "finished"
-    if (out / "error.txt").exists() and not last_checkpoint(out).exists():
+    failed = (out / "error.txt").exists() or bool(summary and summary.get("failed"))
+    if failed and not last_checkpoint(out).exists():
         return "failed"
     if (summary and summary.get("interrupted")) or last_checkpoint(out).exists():
         return "interrupted"
-    if (out / "error.txt").exists():
-        return "failed"
-    if (out / "metrics.csv").exists() or (out / ".hydra").is_dir():
+    if summary is not None or status.warning or (out / "metrics.csv").exists() or (out / ".hydra").is_dir():
         return "running or killed"
     return "not started"
 
@@ -98,10 +92,12 @@ def resume_or_skip(cfg: DictConfig) -> dict | None:
     if not in_multirun() or cfg.get("ckpt_path"):
         return None
     out = Path(cfg.paths.output_dir)
-    summary = read_summary(out)
-    if is_finished(summary, OmegaConf.select(cfg, "trainer.max_steps")):
-        log.info("sweep job %s finished already (step %s, summary.json): skipped", out.name, summary.get("steps"))
-        return summary
+    status = run_status(out, cfg)
+    if status.warning:
+        log.warning("sweep job %s: %s", out.name, status.warning)
+    if status.finished:
+        log.info("sweep job %s finished already (step %s, summary.json): skipped", out.name, status.summary.get("steps"))
+        return status.summary
     if (out / "error.txt").exists():  # the last try failed: keep its traceback beside, not as this try's
         (out / "error.txt").replace(out / "error.before_rerun.txt")
     ckpt = last_checkpoint(out)
@@ -131,13 +127,15 @@ def checkpoint_step(ckpt: Path) -> int:
 def set_aside_metrics(out: Path, step: int) -> None:
     """Move the rows of ``metrics.csv`` logged before checkpoint step ``step`` to :data:`BEFORE_RESUME` (rows of
     steps after it, written after a periodic checkpoint and before a kill, are dropped: the resumed run logs them
-    again). A validation row at ``step`` itself is kept (the checkpoint was saved after it; it is not redone)."""
+    again). A validation row at ``step`` itself is kept (the checkpoint was saved after it; it is not redone).
+
+    Rows set aside by an earlier resume that was killed before it could put them back (``kill -9``, a node lost)
+    are put back first (:func:`stitch_metrics`), so any number of resumes and kills keeps every row."""
+    stitch_metrics(out)  # a resume killed before its end: its set-aside rows go back in front of its own
     metrics = out / "metrics.csv"
     if not metrics.exists():
         return
     before = out / BEFORE_RESUME
-    if before.exists():  # a resume that was interrupted again: its rows were put back into metrics.csv already
-        before.unlink()
     with metrics.open(newline="") as fh:
         reader = csv.DictReader(fh)
         fields, rows = list(reader.fieldnames or []), list(reader)
@@ -175,9 +173,4 @@ def _is_validation(row: dict) -> bool:
 
 
 def _write_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+    write_csv(path, fields, rows)
