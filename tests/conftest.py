@@ -14,6 +14,36 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+KERNEL_PINS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def kernels_line() -> str:
+    """Which processor and which kernels this run used (scripts/test_kernels.sh pins them to AVX2): a failure that
+    only one kind of machine shows names its kernels in the log (pytest's header, and the last line under -q)."""
+    import platform
+
+    import torch
+
+    model, isa = platform.processor() or "?", "?"
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), model)
+        isa = "AVX-512" if " avx512f" in info else "AVX2" if " avx2" in info else "no AVX2"
+    except OSError:
+        pass
+    pins = " ".join(f"{k}={os.environ[k]}" for k in KERNEL_PINS if k in os.environ) or "none"
+    return f"cpu: {model} ({isa}); cpu kernels: ATen {torch.backends.cpu.get_cpu_capability()}, pinned: {pins}"
+
+
+def pytest_report_header(config):
+    return kernels_line()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if config.get_verbosity() < 0:  # -q hides the header
+        terminalreporter.write_line(kernels_line())
+
+
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
