@@ -12,12 +12,18 @@ killed`` (started, nothing saved yet) or ``not started`` (in the grid of a ``mul
     python sweeps/sweep_status.py $S --csv sweeps/results/corrections_small_default.csv   # keep the results
 
 It then prints the rerun of each ``multirun.yaml``'s command into its own folder, which skips the finished jobs and
-resumes the interrupted ones, and the grid points no folder holds. ``--csv`` appends one row per finished job
-(:data:`COLUMNS`, every ``test_``/``val_mean_at_<n>`` score of its ``summary.json``, and one column per other key the
-grid varies, named by the key: ``algo.learning_rate``, ``model.warmstart.seed``) to a results file, skipping the
-rows it holds already (same arm, seed, val_accuracy_start and grid values): the record of a screen run over several
-days on machines that do not keep their folders. The arm is the value of the grid's first key, or the job's
-overrides minus ``seed`` when no grid is given. ``sweeps/report.py`` reads a dotted column back as an override.
+resumes the interrupted ones, and the grid points no folder holds. ``--csv`` appends one row per job that finished
+with every number it owes (``grpolab/run_files.py``: not interrupted or failed, ``trainer.max_steps`` steps, the final
+eval's score when ``final_eval.enabled``) to a results file: :data:`COLUMNS`, every ``test_``/``val_mean_at_<n>``
+score of its ``summary.json``, and one column per other key the grid varies, named by the key
+(``algo.learning_rate``, ``model.warmstart.seed``): the record of a screen run over several days on machines that do
+not keep their folders. A row's key is (arm, seed, val_accuracy_start, grid values); a key the file holds with the
+same values is skipped, so a rerun of the export leaves the file as it was; a key it holds with other values, or two
+job folders give, is refused with a line naming the key and the rows (exit 1), and the file keeps what it holds. A
+job that is not finished adds nothing; its row is added by the export after it finishes. A ``summary.json`` that
+cannot be read is a job not finished, with one warning naming it. The arm is the value of the grid's first key, or
+the job's overrides minus ``seed`` when no grid is given. ``sweeps/report.py`` reads a dotted column back as an
+override.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ import yaml
 SWEEPS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SWEEPS.parent / "src"))
 
-from grpolab.sweep_resume import STATES, job_state, read_summary  # noqa: E402
+from grpolab.result_rows import cell, describe, duplicates, row_key  # noqa: E402
+from grpolab.run_files import read_config, run_status, write_csv  # noqa: E402
+from grpolab.sweep_resume import STATES, state_of  # noqa: E402
 
 COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
            "async_generation", "drift_refreshes", "time_total_s")
@@ -72,17 +80,15 @@ def _as_dict(overrides: list[str]) -> dict[str, str]:
 
 
 def find_jobs(sweep: Path) -> list[dict]:
-    """Every job folder below ``sweep``: ``{"dir", "overrides" (dict), "state", "steps"}`` (``trainer.max_steps``
-    of the job's ``.hydra/config.yaml`` decides whether a summary is finished)."""
+    """Every job folder below ``sweep``: ``{"dir", "overrides" (dict), "status"}`` (:func:`grpolab.run_files.run_status`:
+    the summary, and whether the job finished with every number it owes, ``trainer.max_steps`` and the final eval's
+    score of its ``.hydra/config.yaml``), ``"state"`` and ``"steps"``."""
     jobs = []
     for path in sorted(sweep.rglob(".hydra/overrides.yaml")):
         job = path.parent.parent
-        config = job / ".hydra" / "config.yaml"
-        max_steps = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("max_steps") \
-            if config.exists() else None
-        summary = read_summary(job) or {}
-        jobs.append({"dir": job, "overrides": _as_dict(yaml.safe_load(path.read_text()) or []),
-                     "state": job_state(job, max_steps), "steps": summary.get("steps")})
+        status = run_status(job, read_config(job))
+        jobs.append({"dir": job, "overrides": _as_dict(yaml.safe_load(path.read_text()) or []), "status": status,
+                     "state": state_of(job, status), "steps": (status.summary or {}).get("steps")})
     return jobs
 
 
@@ -119,58 +125,96 @@ def arm_of(overrides: dict[str, str], first_key: str | None) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(overrides.items()) if k != "seed")
 
 
-def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: list[str] = ()) -> int:
-    """Append a row to ``out`` for every finished job whose (arm, seed, val_accuracy_start, ``factors`` values) it
-    lacks: :data:`COLUMNS`, the job's mean@n scores (``test_mean_at_16``, ``val_mean_at_16`` and their ``_se``) and
-    one column per key of ``factors`` (the grid's other swept keys, e.g. ``algo.learning_rate``) with the job's
-    override. Columns the file lacks are added (its older rows get blanks). Returns the number of rows added."""
+KEY = ("arm", "seed", "val_accuracy_start")  # a row is one (arm, seed) from one starting model, per grid values
+
+
+def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: list[str] = ()) -> tuple[int, list[str]]:
+    """Append a row to ``out`` for every job that finished with every number it owes (``job["status"]``) and whose
+    key (:data:`KEY` and the ``factors`` values) the file lacks: :data:`COLUMNS`, the job's mean@n scores
+    (``test_mean_at_16``, ``val_mean_at_16`` and their ``_se``) and one column per key of ``factors`` (the grid's
+    other swept keys, e.g. ``algo.learning_rate``) with the job's override. Columns the file lacks are added (its
+    older rows get blanks).
+
+    A key the file holds already with the same values is skipped (a rerun of the export leaves the file as it
+    was); one it holds with other values, a key two job folders give, and a key the file holds twice are refused:
+    nothing is added or replaced for it, and one line names the key and its rows.
+
+    Returns:
+        (the number of rows added, one line per refused key).
+    """
     rows, header = [], []
     if out.exists():
-        with out.open() as fh:
+        with out.open(newline="") as fh:
             reader = csv.DictReader(fh)
             rows, header = list(reader), list(reader.fieldnames or [])
-    # a row is one (arm, seed) from one starting model: the warm start's floats differ between CPUs (its held-out
-    # accuracy at step 0, val_accuracy_start, tells them apart), so a rerun on another machine is kept beside it
-    def key(arm, seed, start, values):
-        return (arm, str(seed), str(start or ""), *(str(v or "") for v in values))
-
-    have = {key(r["arm"], r["seed"], r["val_accuracy_start"], [r.get(f) for f in factors]) for r in rows}
-    added = 0
+    # the warm start's floats differ between CPUs (its held-out accuracy at step 0, val_accuracy_start, tells them
+    # apart), so a rerun on another machine is a key of its own, kept beside
+    names = [*KEY, *factors]
+    held: dict[tuple, list[tuple[str, dict]]] = {}
+    for line, row in enumerate(rows, start=2):
+        held.setdefault(row_key(row, names), []).append((f"{out.name} line {line}", row))
+    found: dict[tuple, list[tuple[str, dict]]] = {}
     for job in jobs:
-        summary = read_summary(job["dir"])
-        if not summary or summary.get("interrupted"):
+        status = job["status"]
+        if not status.finished:
             continue
-        arm = arm_of(job["overrides"], first_key)
-        values = [job["overrides"].get(f, "") for f in factors]
-        k = key(arm, summary.get("seed"), summary.get("val_accuracy_start"), values)
-        if k in have:
-            continue
+        summary = status.summary
+        values = {f: job["overrides"].get(f, "") for f in factors}
         scores = {c: v for c, v in summary.items() if SCORE.fullmatch(c)}
-        rows.append({"arm": arm, **dict(zip(factors, values)),
-                     **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores})
-        have.add(k)
+        row = {"arm": arm_of(job["overrides"], first_key), **values,
+               **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores}
+        found.setdefault(row_key(row, names), []).append((f"job {job['dir']}", row))
+    refused, added = [], 0
+    for key in duplicates((k, place) for k, places in held.items() for place, _ in places):
+        if key not in found:
+            refused.append(f"refused {describe(names, key)}: {out.name} holds it {len(held[key])} times ("
+                           + ", ".join(p for p, _ in held[key]) + "); each key is one row")
+    for key, new in found.items():
+        have = held.get(key, [])
+        differ = _differences([r for _, r in have] + [r for _, r in new], header)
+        if len(have) == 1 and not differ:
+            continue  # the same row, written before
+        if len(have) > 1 or differ:
+            what = f"their values differ ({differ})" if differ else "each key is one row"
+            refused.append(f"refused {describe(names, key)}: " + ", ".join(p for p, _ in [*have, *new])
+                           + f"; {what}; the file keeps what it holds for it, nothing added")
+            continue
+        rows.append(new[0][1])
         added += 1
-    columns = list(dict.fromkeys([*(header or ["arm", *factors, *COLUMNS[1:]]), *(c for r in rows for c in r)]))
-    with out.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return added
+    if added or not out.exists():
+        columns = list(dict.fromkeys([*(header or ["arm", *factors, *COLUMNS[1:]]), *(c for r in rows for c in r)]))
+        write_csv(out, columns, rows)
+    return added, refused
 
 
-def main() -> int:
+def _differences(rows: list[dict], header: list[str]) -> str:
+    """Where the rows of one key differ (``steps 3 vs 10``), over the columns the file has (all, for a new file)
+    and the rows hold: ``""`` when they agree."""
+    columns = [c for c in dict.fromkeys(c for r in rows for c in r) if not header or c in header]
+    out = []
+    for c in columns:
+        values = list(dict.fromkeys(cell(r.get(c)) for r in rows))
+        if len(values) > 1:
+            out.append(f"{c} " + " vs ".join(v or "''" for v in values))
+    return ", ".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path)
     parser.add_argument("--config", help="a sweeps/<config>.yaml whose grid the folder should hold")
     parser.add_argument("--csv", type=Path, help="append the finished jobs' results to this CSV file")
     parser.add_argument("overrides", nargs="*", help="key=a,b: the grid (or overrides of --config's grid)")
-    args = parser.parse_intermixed_args()
+    args = parser.parse_intermixed_args(argv)
     if not args.sweep.is_dir():
         parser.error(f"sweep: {args.sweep} is not a folder")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"{' '.join(bad)}: a grid is given as key=a,b (e.g. seed=0,1,2)")
     jobs = find_jobs(args.sweep)
+    for job in jobs:  # a summary.json that cannot be read: the job counts as not finished, said once
+        if job["status"].warning:
+            print(f"sweep_status.py: warning: {job['status'].warning}", file=sys.stderr)
     if args.config and not (SWEEPS / f"{args.config}.yaml").exists():
         known = sorted(q.stem for q in SWEEPS.glob("*.yaml"))
         parser.error(f"--config {args.config}: no sweeps/{args.config}.yaml (the sweep configs: {', '.join(known)})")
@@ -211,7 +255,9 @@ def main() -> int:
                 print(f"  {first_key}={','.join(values)} {other}".rstrip())
     if args.csv:
         factors = [k for k in grid if k not in (first_key, "seed")]
-        print(f"{append_results(jobs, first_key, args.csv, factors)} rows added to {args.csv}")
+        added, refused = append_results(jobs, first_key, args.csv, factors)
+        print("\n".join([*refused, f"{added} rows added to {args.csv}"]))
+        return 1 if refused else 0
     return 0
 
 
