@@ -116,7 +116,8 @@ def test_notebook_renders_the_sweep(tiny_sweep, tmp_path):
     import nbformat
 
     figures = tmp_path / "figures"
-    proc = subprocess.run([sys.executable, "notebooks/render.py", str(tiny_sweep), "--figures", str(figures)],
+    relative = os.path.relpath(tiny_sweep, REPO_ROOT)  # as the README names it: relative to the repository root
+    proc = subprocess.run([sys.executable, "notebooks/render.py", relative, "--figures", str(figures)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     pngs = sorted(p.name for p in figures.glob("*.png"))
