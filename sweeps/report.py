@@ -12,10 +12,15 @@ typed that differ between jobs, less the seed keys (``--seed-key``, default ``se
 (e.g. ``algo=grpo_async``): any grid works, not only ``sweeps/*.yaml``. Jobs are matched by seed.
 
 Per arm: the metric's mean and standard error over seeds (SE = sample sd / sqrt(n)); against ``--vs``: the paired
-difference on the seeds both arms ran, with its SE, a percentile bootstrap 95% interval and the two-sided paired
-t-test's p (scipy), and with ``--margin m`` the TOST equivalence p for "within +-m". A warnings column says where
-an arm differs from the baseline in seeds, warm start (``val_accuracy_start``), steps, test split or generated
-samples. Jobs that failed, were interrupted or stopped short of ``trainer.max_steps`` are left out, with a warning.
+difference on the seeds both arms ran, with its SE, a 95% interval (the t interval below 10 pairs, the percentile
+bootstrap from 10; none for one pair or a difference that is the same on every seed, said in words) and the
+two-sided paired t-test's p (scipy), and with ``--margin m`` the TOST equivalence p for "within +-m"
+(``grpolab/stats.py``). A warnings column says where an arm differs from the baseline in seeds, warm start
+(``val_accuracy_start``), steps, test split or generated samples. The metric is chosen once (``--metric``, or the
+final test score ``test_mean_at_<n>``); a job without it is left out, with a warning naming it. Jobs that failed,
+were interrupted, stopped short of ``trainer.max_steps``, lack the final eval's score they owe or whose
+``summary.json`` cannot be read are left out, with a warning (``grpolab/run_files.py`` decides). Two jobs or rows
+of one (arm, seed) are refused, naming both.
 
 Writes ``report.md`` (printed too), ``report.csv``, ``curves.png`` (held-out accuracy and train reward against steps
 and wall-clock, mean +- SE band over seeds per arm) and ``differences.png`` into ``--out`` (default
@@ -27,7 +32,6 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
-import json
 import math
 import re
 import sys
@@ -39,6 +43,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # `python sweeps/report.py` without install
 
 from grpolab import stats  # noqa: E402
+from grpolab.result_rows import DuplicateRows, describe, duplicates  # noqa: E402
+from grpolab.run_files import read_json, replacing, run_status, write_csv, write_text  # noqa: E402
 
 IGNORED_PREFIXES = ("hydra.", "paths.")
 CURVE_COLUMNS = {  # compact curve file column -> metrics.csv column (a mean over the steps since the last row)
@@ -83,8 +89,9 @@ def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
     """Every job folder under ``folder`` (one with ``summary.json`` or ``.hydra/overrides.yaml``).
 
     Returns:
-        (the finished jobs, one warning per job left out: no summary.json, interrupted, or fewer steps than its
-        ``trainer.max_steps``).
+        (the jobs that finished with every number they owe, :func:`grpolab.run_files.run_status`; one warning per
+        job left out: no summary.json, one that cannot be read, interrupted, failed, fewer steps than its
+        ``trainer.max_steps``, or no final-eval score where ``final_eval.enabled``).
     """
     dirs = {p.parent for p in folder.rglob("summary.json")} | {p.parent.parent for p in folder.rglob(".hydra/overrides.yaml")}
     jobs, warnings = [], []
@@ -92,22 +99,17 @@ def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
         hydra = job_dir / ".hydra"
         overrides = _override_pairs(yaml.safe_load((hydra / "overrides.yaml").read_text())
                                     if (hydra / "overrides.yaml").exists() else [])
-        config = yaml.safe_load((hydra / "config.yaml").read_text()) if (hydra / "config.yaml").exists() else {}
-        summary_path = job_dir / "summary.json"
-        if not summary_path.exists():
-            warnings.append(f"left out {job_dir}: no summary.json (failed or still running)")
+        config = (yaml.safe_load((hydra / "config.yaml").read_text()) if (hydra / "config.yaml").exists() else {}) or {}
+        status = run_status(job_dir, config)
+        if not status.finished:
+            warnings.append(f"left out {job_dir}: {status.unfinished}")
             continue
-        summary = json.loads(summary_path.read_text())
-        steps, max_steps = summary.get("steps"), _get(config or {}, "trainer.max_steps")
-        if summary.get("interrupted"):
-            warnings.append(f"left out {job_dir}: interrupted at step {steps} (signal {summary.get('signal')})")
-            continue
-        if isinstance(max_steps, int) and max_steps > 0 and isinstance(steps, int) and steps < max_steps:
-            warnings.append(f"left out {job_dir}: stopped short, {steps} of {max_steps} steps")
-            continue
-        job = Job(source=str(job_dir), overrides=overrides, summary=summary, config=config or {})
-        final = job_dir / "final_eval.json"
-        per_prompt = json.loads(final.read_text()).get("per_prompt") if final.exists() else None
+        summary = status.summary
+        job = Job(source=str(job_dir), overrides=overrides, summary=summary, config=config)
+        final, problem = read_json(job_dir / "final_eval.json")
+        if problem:
+            warnings.append(f"{problem}: the test split is named from summary.json")
+        per_prompt = final.get("per_prompt") if isinstance(final, dict) else None
         if per_prompt:  # the test split itself: the ids of its prompts
             job.test_split = "prompts " + hashlib.sha1("\n".join(sorted(per_prompt)).encode()).hexdigest()[:8]
         elif summary.get("data"):
@@ -202,11 +204,31 @@ def resolve_arm(vs: str, arms: list[str]) -> str:
 
 
 def default_metric(jobs: list[Job]) -> str:
-    """``test_mean_at_<n>`` when every job has one (the final test score), else ``val_accuracy_end``."""
-    for key in jobs[0].summary if jobs else []:
-        if re.fullmatch(r"test_mean_at_\d+", key) and all(j.summary.get(key) is not None for j in jobs):
-            return key
-    return "val_accuracy_end"
+    """The metric when ``--metric`` is not given, chosen once for the whole report: the final test score
+    ``test_mean_at_<n>`` that the most jobs hold (a tie: the first seen), else ``val_accuracy_end``. A job without
+    it is left out with a warning (:func:`build_table`); the metric never changes because one job lacks it."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        for key, value in job.summary.items():
+            if re.fullmatch(r"test_mean_at_\d+", key) and isinstance(value, (int, float)):
+                counts[key] = counts.get(key, 0) + 1
+    return max(counts, key=counts.get) if counts else "val_accuracy_end"
+
+
+def refuse_duplicate_jobs(jobs: list[Job], seed_keys: list[str]) -> None:
+    """Raise :class:`~grpolab.result_rows.DuplicateRows` when two jobs are one (arm, seed): one line naming the key
+    and both rows (a statistic over seeds reads each run once; neither is kept)."""
+    found = duplicates(((j.arm, *j.seed), j.source) for j in jobs)
+    if not found:
+        return
+    lines = [f"duplicate {describe(['arm', *seed_keys], (f'`{k[0]}`', *k[1:]))}: "
+             + f"{', '.join(places[:-1])} and {places[-1]}" for k, places in found.items()]
+    starts = sorted({f"{float(j.summary['val_accuracy_start']):.3f}" for j in jobs
+                     if isinstance(j.summary.get("val_accuracy_start"), (int, float))})
+    hint = ("; each (arm, seed) is one run: remove one, or pair on another key with --seed-key" if len(starts) < 2 else
+            f"; the rows come from {len(starts)} warm starts (val_accuracy_start {', '.join(starts)}): --start keeps "
+            "one; --seed-key seed --seed-key val_accuracy_start pairs within each")
+    raise DuplicateRows("; ".join(lines) + hint)
 
 
 def _natural(text: str) -> tuple:
@@ -251,32 +273,27 @@ def arm_warnings(arm_jobs: list[Job], base_jobs: list[Job] | None, metric: str) 
 def build_table(jobs: list[Job], metric: str, vs: str | None, margin: float | None,
                 warnings: list[str]) -> list[dict]:
     """One row per arm (baseline first, then by mean, best first): the numbers of the markdown table and CSV.
-    Duplicate (arm, seed) jobs keep the first and add a warning."""
+    A job without a number for ``metric`` is left out with a warning naming it.
+
+    Raises:
+        DuplicateRows: two jobs of one (arm, seed) (:func:`refuse_duplicate_jobs`).
+    """
+    refuse_duplicate_jobs(jobs, [])
     by_arm: dict[str, dict[tuple, Job]] = {}
     for job in jobs:
         value = job.summary.get(metric)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             warnings.append(f"left out {job.source}: no number for {metric} in its summary")
             continue
-        seen = by_arm.setdefault(job.arm, {})
-        if job.seed in seen:
-            warnings.append(f"left out {job.source}: {job.arm} seed {'/'.join(job.seed)} already read from "
-                            f"{seen[job.seed].source}")
-            continue
-        seen[job.seed] = job
-    starts = sorted({f"{float(j.summary['val_accuracy_start']):.3f}" for j in jobs
-                     if isinstance(j.summary.get("val_accuracy_start"), (int, float))})
-    if len(starts) > 1 and any("already read from" in w for w in warnings):
-        warnings.insert(0, f"jobs of {len(starts)} warm starts (val_accuracy_start {', '.join(starts)}) share seeds: "
-                        "--start keeps one; --seed-key seed --seed-key val_accuracy_start pairs within each")
+        by_arm.setdefault(job.arm, {})[job.seed] = job
     base = by_arm.get(vs) if vs else None
     rows = []
     for arm, runs in by_arm.items():
         values = {s: float(j.summary[metric]) for s, j in runs.items()}
         mean, se = stats.mean_se(list(values.values()))
         row = {"arm": arm, "n": len(values), "seeds": _fmt_set("/".join(s) for s in values), "mean": mean, "se": se,
-               "diff": None, "diff_se": None, "ci_low": None, "ci_high": None, "p_paired_t": None, "tost_p": None,
-               "n_paired": None, "values": values}
+               "diff": None, "diff_se": None, "ci_low": None, "ci_high": None, "ci_method": None, "p_paired_t": None,
+               "tost_p": None, "n_paired": None, "note": None, "values": values}
         if base is not None and arm != vs:
             base_values = {s: float(j.summary[metric]) for s, j in base.items()}
             try:
@@ -284,10 +301,12 @@ def build_table(jobs: list[Job], metric: str, vs: str | None, margin: float | No
             except ValueError:
                 paired = None
             if paired is not None:
-                row.update(diff=paired.diff, diff_se=paired.se, ci_low=paired.ci[0], ci_high=paired.ci[1],
-                           p_paired_t=paired.p, tost_p=paired.tost_p, n_paired=len(paired.seeds))
-        row["warnings"] = "; ".join(arm_warnings(list(runs.values()), list(base.values()) if base and arm != vs
-                                                 else None, metric))
+                row.update(diff=paired.diff, diff_se=paired.se, ci_method=paired.ci_method, p_paired_t=paired.p,
+                           tost_p=paired.tost_p, n_paired=len(paired.seeds), note=paired.note)
+                if paired.ci is not None:
+                    row.update(ci_low=paired.ci[0], ci_high=paired.ci[1])
+        found = arm_warnings(list(runs.values()), list(base.values()) if base and arm != vs else None, metric)
+        row["warnings"] = "; ".join([*([row["note"]] if row["note"] else []), *found])
         rows.append(row)
     rows.sort(key=lambda r: (r["arm"] != vs, -r["mean"]))
     return rows
@@ -297,11 +316,16 @@ def _f(x, spec=".3f", missing="-") -> str:
     return missing if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _no_interval(r: dict) -> str:
+    """The words for a paired row without an interval or test."""
+    return "none: 1 pair" if r["n_paired"] == 1 else "none: zero variance"
+
+
 def markdown(rows: list[dict], metric: str, vs: str | None, margin: float | None) -> str:
     """The table with its legend (SE, the test, the interval, TOST)."""
     head = ["arm", "seeds", "n", f"{metric} mean +- SE"]
     if vs:
-        head += [f"paired diff vs `{vs}` +- SE", "bootstrap 95% CI", "p (paired t)"]
+        head += [f"paired diff vs `{vs}` +- SE", "95% CI", "p (paired t)"]
         if margin is not None:
             head.append(f"TOST p (+-{margin:g})")
     head.append("warnings")
@@ -311,28 +335,35 @@ def markdown(rows: list[dict], metric: str, vs: str | None, margin: float | None
         if vs:
             if r["diff"] is None:
                 cells += ["baseline" if r["arm"] == vs else "no common seed", "-", "-"]
+            elif r["ci_method"] is None:  # one pair, or zero variance: said, not a number from rounding
+                paired = " (n=1)" if r["n_paired"] == 1 else f" +- {_f(r['diff_se'])}"
+                if r["n_paired"] not in (1, r["n"]):
+                    paired += f" (n={r['n_paired']})"
+                cells += [f"{r['diff']:+.3f}{paired}", _no_interval(r), _no_interval(r)]
             else:
                 paired = f" (n={r['n_paired']})" if r["n_paired"] != r["n"] else ""
                 cells += [f"{r['diff']:+.3f} +- {_f(r['diff_se'])}{paired}",
-                          f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", _f(r["p_paired_t"])]
+                          f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] ({r['ci_method']})", _f(r["p_paired_t"])]
             if margin is not None:
-                cells.append(_f(r["tost_p"]))
+                cells.append(_no_interval(r) if r["diff"] is not None and r["ci_method"] is None else _f(r["tost_p"]))
         cells.append(r["warnings"] or "")
         lines.append("| " + " | ".join(cells) + " |")
     legend = [f"Metric `{metric}`; mean +- SE over seeds (SE = sample standard deviation / sqrt(n), not the sd)."]
     if vs:
-        legend.append("Paired diff: arm minus baseline on the seeds both ran (n= when fewer than the arm's), mean "
-                      "+- SE of the per-seed differences; 95% CI: percentile bootstrap of that mean (10000 "
-                      "resamples; with few seeds it is narrower than a t interval: read p); p: two-sided paired "
-                      "t-test (scipy.stats.t), not corrected for the number of arms.")
+        legend.append(f"Paired diff: arm minus baseline on the seeds both ran (n= when fewer than the arm's), mean "
+                      f"+- SE of the per-seed differences; 95% CI of that mean: below {stats.BOOTSTRAP_MIN_N} pairs the "
+                      "t interval (t: scipy.stats.t.interval, df n-1; it excludes 0 exactly when p < 0.05), from "
+                      f"{stats.BOOTSTRAP_MIN_N} pairs the percentile bootstrap (bootstrap: 10000 resamples); none "
+                      "for one pair or a difference that is the same on every seed (zero variance); p: two-sided "
+                      "paired t-test (scipy.stats.ttest_rel), not corrected for the number of arms.")
         if margin is not None:
             legend.append(f"TOST p: two one-sided t-tests that the paired difference lies within +-{margin:g}; "
                           "p < 0.05 = equivalent at the 5% level.")
     return "\n".join(lines) + "\n\n" + "\n".join(legend)
 
 
-CSV_FIELDS = ["arm", "n", "seeds", "mean", "se", "diff", "diff_se", "ci_low", "ci_high", "p_paired_t", "tost_p",
-              "n_paired", "warnings"]
+CSV_FIELDS = ["arm", "n", "seeds", "mean", "se", "diff", "diff_se", "ci_low", "ci_high", "ci_method", "p_paired_t",
+              "tost_p", "n_paired", "note", "warnings"]
 
 
 def job_curves(job: Job, every: int) -> list[dict]:
@@ -407,7 +438,9 @@ def plot_curves(curves, out: Path, vs: str | None) -> Path:
 
 
 def plot_differences(rows: list[dict], out: Path, metric: str, vs: str) -> Path:
-    """``differences.png``: each arm's paired difference to the baseline with its bootstrap 95% interval."""
+    """``differences.png``: each arm's paired difference to the baseline with its 95% interval (t below
+    ``stats.BOOTSTRAP_MIN_N`` pairs, bootstrap from there, named beside the arm); an arm without one (one pair,
+    zero variance) is a point, marked so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -415,11 +448,17 @@ def plot_differences(rows: list[dict], out: Path, metric: str, vs: str) -> Path:
 
     rows = [r for r in rows if r["diff"] is not None]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    labels = []
     for i, r in enumerate(rows):
-        ax.errorbar(r["diff"], i, xerr=[[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]], fmt="o", color="k")
+        if r["ci_method"] is None:
+            ax.plot(r["diff"], i, "o", color="k", mfc="white")
+            labels.append(f"{r['arm']} ({_no_interval(r).split(': ')[1]})")
+        else:
+            ax.errorbar(r["diff"], i, xerr=[[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]], fmt="o", color="k")
+            labels.append(f"{r['arm']} ({r['ci_method']}, n={r['n_paired']})")
     ax.axvline(0, color="gray", lw=1)
-    ax.set_yticks(range(len(rows)), [r["arm"] for r in rows], fontsize=8)
-    ax.set_xlabel(f"{metric}: paired difference to {vs} (bootstrap 95% CI)")
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_xlabel(f"{metric}: paired difference to {vs} (95% CI: t below {stats.BOOTSTRAP_MIN_N} pairs, else bootstrap)")
     fig.tight_layout()
     path = out / "differences.png"
     fig.savefig(path, dpi=110)
@@ -433,7 +472,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vs", help="the baseline arm: its name, a key=value of it, or a value (e.g. grpo_onpolicy)")
     p.add_argument("--arm", action="append", help="keep only this arm (name, key=value or value; repeatable); "
                                                   "the baseline is always kept")
-    p.add_argument("--metric", help="a summary.json key (default: test_mean_at_<n>, else val_accuracy_end)")
+    p.add_argument("--metric", help="a summary.json key (default: the test_mean_at_<n> most jobs have, else "
+                                    "val_accuracy_end; a job without it is left out, named)")
     p.add_argument("--seed-key", action="append", help="override key(s) that are the seed (default: seed)")
     p.add_argument("--margin", type=float, help="TOST equivalence margin, in the metric's units (e.g. 0.02)")
     p.add_argument("--start", type=float, help="keep the jobs whose val_accuracy_start rounds to this (3 decimals)")
@@ -494,13 +534,17 @@ def load(p: argparse.ArgumentParser, args) -> tuple[list[Job], list[str], list, 
             jobs = [j for j in jobs if j.arm in keep]
     except ValueError as err:
         p.error(str(err))
+    try:
+        refuse_duplicate_jobs(jobs, seed_keys)
+    except DuplicateRows as err:
+        p.error(str(err))
     return jobs, warnings, curve_files, vs, args.metric or default_metric(jobs)
 
 
 def _no_metric(p: argparse.ArgumentParser, args, jobs: list[Job], metric: str) -> None:
     """Exit (2) naming the metric no job has, whether it was given or the default, and the numeric keys there are."""
     keys = sorted({k for j in jobs for k, v in j.summary.items() if isinstance(v, (int, float))})
-    given = f"--metric {metric}" if args.metric else f"no --metric given and no test_mean_at_<n> in every job, so {metric}"
+    given = f"--metric {metric}" if args.metric else f"no --metric given and no test_mean_at_<n> in any job, so {metric}"
     p.error(f"{given}: no job has a number for it; name one with --metric"
             + (f" (numeric keys: {', '.join(keys)})" if keys else ""))
 
@@ -537,10 +581,9 @@ def main(argv: list[str] | None = None) -> int:
         if not rows:
             _no_metric(p, args, jobs, metric)
         text = markdown(rows, metric, vs, args.margin)
-        with (out / "report.csv").open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=["metric", *CSV_FIELDS], extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows({"metric": metric, **r} for r in rows)
+        blank_nan = lambda v: None if isinstance(v, float) and math.isnan(v) else v  # noqa: E731  (not defined)
+        write_csv(out / "report.csv", ["metric", *CSV_FIELDS],
+                  [{"metric": metric, **{k: blank_nan(v) for k, v in r.items()}} for r in rows])
         if vs and any(r["diff"] is not None for r in rows):
             plot_differences(rows, out, metric, vs)
     curve_rows = [row for j in jobs if Path(j.source).is_dir() for row in job_curves(j, args.curve_every)]
@@ -548,14 +591,15 @@ def main(argv: list[str] | None = None) -> int:
     if curves is not None and len(curves):
         if args.curves_out:
             args.curves_out.parent.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame(curve_rows).to_csv(args.curves_out, index=False, float_format="%.6g")
+            with replacing(args.curves_out, newline="") as fh:  # result rows: a reader sees the old file or the new
+                pd.DataFrame(curve_rows).to_csv(fh, index=False, float_format="%.6g")
         plot_curves(curves, out, vs or args.vs)
     if not jobs:
         text = (f"no job rows in the inputs (curve files only): no statistics table; the figures are drawn from "
                 f"{len(curves) if curves is not None else 0} curve rows")
     if warnings:
         text += "\n\nWarnings:\n" + "\n".join(f"- {w}" for w in warnings)
-    (out / "report.md").write_text(text + "\n")
+    write_text(out / "report.md", text + "\n")
     print(text)
     print(f"\nwritten: {', '.join(sorted(str(q) for q in out.iterdir()))}")
     return 0

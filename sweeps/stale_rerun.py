@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from grpolab import stats  # noqa: E402
+from grpolab.result_rows import DuplicateRows, refuse_duplicates, row_key  # noqa: E402
 
 RESULTS = ROOT / "sweeps" / "results"
 FIGURES = ROOT / "docs" / "results" / "figures"
@@ -82,25 +83,38 @@ def _value(row: dict, metric: str, where: str) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-def select_lr(rows: list[dict], metric: str = "val_mean_at_16", arms=TUNE_ARMS, lrs=LRS, seeds=TUNE_SEEDS):
+TUNE_KEY = ("arm", "algo.learning_rate", "seed")
+HEADLINE_KEY = ("arm", "model.warmstart.seed", "seed")
+
+
+def refuse_duplicate_rows(rows: list[dict], names: tuple[str, ...], where: str) -> None:
+    """Raise :class:`~grpolab.result_rows.DuplicateRows` (``<where>: duplicate (key): line i and line j``) when two
+    rows share a key: a run is one row, whatever its score; neither is kept."""
+    try:
+        refuse_duplicates(((row_key(r, names), f"line {i}") for i, r in enumerate(rows, start=2)), names)
+    except DuplicateRows as err:
+        raise DuplicateRows(f"{where}: {err}") from None
+
+
+def select_lr(rows: list[dict], metric: str = "val_mean_at_16", arms=TUNE_ARMS, lrs=LRS, seeds=TUNE_SEEDS,
+              where: str = "stale_tune rows"):
     """Stage 1's selection: per arm, the lr with the highest mean ``metric`` over ``seeds``; an exact tie goes to
     the lower lr.
 
     Args:
         rows: results rows with ``arm``, ``algo.learning_rate``, ``seed`` and ``metric``.
+        where: names the rows in an error (their file).
     Returns:
         (cells, chosen, missing): cells[(arm, lr)] = (mean, SE, n); chosen[arm] = lr, or None where a cell lacks
         a seed; missing = the number of (arm, lr, seed) runs not in ``rows``.
     Raises:
-        ValueError: naming the row, for a row that repeats an (arm, lr, seed) with another value or has no score.
+        ValueError: naming the row, for a row without a score; :class:`~grpolab.result_rows.DuplicateRows` naming
+            the key and the lines, for two rows of one (arm, lr, seed), with the same score or not.
     """
+    refuse_duplicate_rows(rows, TUNE_KEY, where)
     got: dict[tuple, float] = {}
     for i, r in enumerate(rows, start=2):
-        key = (r["arm"], float(r["algo.learning_rate"]), int(r["seed"]))
-        value = _value(r, metric, f"line {i}")
-        if key in got and got[key] != value:
-            raise ValueError(f"line {i}: {key} appears twice with different {metric}")
-        got[key] = value
+        got[(r["arm"], float(r["algo.learning_rate"]), int(r["seed"]))] = _value(r, metric, f"line {i}")
     cells, chosen, missing = {}, {}, 0
     for arm in arms:
         complete = True
@@ -151,8 +165,15 @@ class Result:
         return len(signs) == 1 and all(d != 0 for d in self.per_start.values())
 
 
-def headline_values(rows: list[dict], metric: str = "test_mean_at_16") -> tuple[dict, int]:
-    """Stage 2's scores: values[arm][(warm start, seed)] and the number of the 45 runs not in ``rows``."""
+def headline_values(rows: list[dict], metric: str = "test_mean_at_16",
+                    where: str = "stale_headline rows") -> tuple[dict, int]:
+    """Stage 2's scores: values[arm][(warm start, seed)] and the number of the 45 runs not in ``rows``.
+
+    Raises:
+        DuplicateRows: naming the key and the lines (``where`` names the rows), for two rows of one (arm, warm
+            start, seed).
+    """
+    refuse_duplicate_rows(rows, HEADLINE_KEY, where)
     values: dict[str, dict] = {arm: {} for arm in ARMS}
     for i, r in enumerate(rows, start=2):
         if r["arm"] in values:
@@ -178,6 +199,17 @@ def compare_tasks(values_by_task: dict[str, dict]) -> list[Result]:
         for r, p in zip(results, adjusted):
             r.holm_p = float(p)
     return results
+
+
+def _ci(paired: stats.Paired) -> str:
+    """``[lo, hi]``, or the words for no interval (one pair, zero variance)."""
+    return f"[{paired.ci[0]:+.3f}, {paired.ci[1]:+.3f}]" if paired.ci else f"none ({paired.note})"
+
+
+def _ci_label(results: list[Result]) -> str:
+    """The interval column's name: its method where every comparison has the same one."""
+    labels = {r.paired.ci_label for r in results}
+    return labels.pop() if len(labels) == 1 else "95% CI"
 
 
 def _p(p: float | None) -> str:
@@ -232,7 +264,8 @@ def headline_block(values_by_task: dict, missing_by_task: dict, results: list[Re
             out.append(f"| `{arm}` | {mean:.3f} +- {se:.3f} | " + " | ".join(f"{m:.3f} +- {e:.3f}" for m, e in cells)
                        + " |")
         out.append("")
-        out.append("| | difference | paired diff +- SE (n=15) | bootstrap 95% CI | p (paired t) | p (Holm, 6) | "
+        label = _ci_label([r for r in results if r.task == task])
+        out.append(f"| | difference | paired diff +- SE (n=15) | {label} | p (paired t) | p (Holm, 6) | "
                    "TOST p (+-0.02) | per warm start 0 / 1 / 2 | p over warm starts (df 2) | reading |")
         out.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in results if r.task == task):
@@ -240,7 +273,7 @@ def headline_block(values_by_task: dict, missing_by_task: dict, results: list[Re
             reading = r.verdict + ("" if r.verdict == "pending" else
                                    ", same sign on all 3 warm starts" if r.robust else ", sign differs between warm starts")
             out.append(f"| {r.name} | `{r.arm}` - `{r.base}` | {r.paired.diff:+.3f} +- {r.paired.se:.3f} | "
-                       f"[{r.paired.ci[0]:+.3f}, {r.paired.ci[1]:+.3f}] | {_p(r.paired.p)} | {_p(r.holm_p)} | "
+                       f"{_ci(r.paired)} | {_p(r.paired.p)} | {_p(r.holm_p)} | "
                        f"{_p(r.paired.tost_p)} | {per} | {_p(r.p_warm_starts)} | {reading} |")
         out.append("")
     out.append("Paired on (warm start, seed): 3 warm starts x 5 seeds. SE: of the mean paired difference. p: two-sided "
@@ -340,8 +373,8 @@ def readme_block(results: list[Result]) -> str:
     lines = []
     for r in results:
         lines.append(f"- {r.task}, {r.name} (`{r.arm}` - `{r.base}`): {r.paired.diff:+.3f} +- {r.paired.se:.3f} "
-                     f"test mean@16 (paired SE, 15 pairs: 3 warm starts x 5 seeds), bootstrap 95% CI "
-                     f"[{r.paired.ci[0]:+.3f}, {r.paired.ci[1]:+.3f}], paired t p = {_p(r.paired.p)}, Holm p = "
+                     f"test mean@16 (paired SE, 15 pairs: 3 warm starts x 5 seeds), {r.paired.ci_label} "
+                     f"{_ci(r.paired)}, paired t p = {_p(r.paired.p)}, Holm p = "
                      f"{_p(r.holm_p)}, TOST (+-0.02) p = {_p(r.paired.tost_p)}: **{r.verdict}**; with the warm start as the "
                      f"unit (t over the 3 warm-start means, df 2, not pre-registered) p = {_p(r.p_warm_starts)}.")
     if any(r.holm_p is None for r in results):
@@ -436,12 +469,12 @@ def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
     """Every generated block's markdown, by name, from the CSVs under ``results_dir``."""
     if not results_dir.is_dir():
         raise ValueError(f"{results_dir}: no such folder (the rows live in sweeps/results/)")
-    tables = {t: select_lr(read_rows(results_dir / f"stale_tune_{t}.csv", ("arm", "algo.learning_rate", "seed")))
-              for t in TASKS}
+    tables = {t: select_lr(read_rows(results_dir / f"stale_tune_{t}.csv", TUNE_KEY),
+                           where=str(results_dir / f"stale_tune_{t}.csv")) for t in TASKS}
     values, missing = {}, {}
     for t in TASKS:
-        values[t], missing[t] = headline_values(read_rows(results_dir / f"stale_headline_{t}.csv",
-                                                          ("arm", "model.warmstart.seed", "seed")))
+        path = results_dir / f"stale_headline_{t}.csv"
+        values[t], missing[t] = headline_values(read_rows(path, HEADLINE_KEY), where=str(path))
     results = compare_tasks({t: values[t] for t in TASKS if not missing[t]})
     curves = {t: read_curves(results_dir / f"stale_headline_{t}_curves.csv") for t in TASKS}
     return {"stage1": stage1_block(tables), "headline": headline_block(values, missing, results),

@@ -71,16 +71,19 @@ def test_hand_made_sweep_statistics_and_warnings(crafted, tmp_path, capsys):
     assert "paired diff vs `algo=b trainer.max_steps=200` +- SE" in lines[0] and "TOST p (+-0.2)" in lines[0]
     assert lines[2].startswith("| `algo=b trainer.max_steps=200` | 0, 1 | 2 | 0.425 +- 0.025 | baseline |")  # sd of 0.4, 0.45 / sqrt 2
     # a on seeds 0, 1, 2: mean 0.6, SE 0.1 / sqrt 3; paired on seeds 0, 1: differences 0.1, 0.15 -> mean 0.125,
-    # SE (sd 0.0354) / sqrt 2 = 0.025, t = 5 on 1 df: p = 1 - 2 atan(5) / pi = 0.126; the bootstrap of two values
-    # spans their own range; TOST within +-0.2: t = (0.125 - 0.2) / 0.025 = -3 on 1 df, p = 0.5 - atan(3) / pi
+    # SE (sd 0.0354) / sqrt 2 = 0.025, t = 5 on 1 df: p = 1 - 2 atan(5) / pi = 0.126; two pairs: the t interval,
+    # 0.125 +- t(0.975, 1 df) 0.025 = 0.125 +- tan(0.475 pi) 0.025 (not the bootstrap's [0.100, 0.150], the range of
+    # the two); TOST within +-0.2: t = (0.125 - 0.2) / 0.025 = -3 on 1 df, p = 0.5 - atan(3) / pi
     a = lines[3].split(" | ")
     assert a[:4] == ["| `algo=a trainer.max_steps=200`", "0, 1, 2", "3", f"0.600 +- {0.1 / math.sqrt(3):.3f}"]
-    assert a[4:8] == ["+0.125 +- 0.025 (n=2)", "[+0.100, +0.150]", f"{1 - 2 * math.atan(5) / math.pi:.3f}",
-                      f"{0.5 - math.atan(3) / math.pi:.3f}"]
+    half = math.tan(0.475 * math.pi) * 0.025  # the 97.5% point of t on 1 df (Cauchy): 12.706
+    assert a[4:8] == ["+0.125 +- 0.025 (n=2)", f"[{0.125 - half:+.3f}, {0.125 + half:+.3f}] (t)",
+                      f"{1 - 2 * math.atan(5) / math.pi:.3f}", f"{0.5 - math.atan(3) / math.pi:.3f}"]
     assert "seeds differ: 0, 1, 2 vs baseline 0, 1" in a[8] and "warm starts differ: 0.297, 0.316 vs baseline 0.297" in a[8]
     c = lines[4].split(" | ")
     assert c[:5] == ["| `algo=c trainer.max_steps=100`", "0, 1", "2", "0.325 +- 0.025", "-0.100 +- 0.000"]
-    assert c[6] == "-"  # both seeds differ by exactly -0.1: no spread, no t-test (not an error)
+    # both seeds differ by -0.1 (up to float rounding): zero variance, said, no interval or test (not an error)
+    assert c[5:8] == ["none: zero variance"] * 3 and "zero variance: all 2 pairs differ by -0.100" in c[8]
     assert "steps differ: 100 vs baseline 200" in c[8] and "test splits differ: prompts " in c[8]
     assert "generated samples differ: 32 completions/step, eval n=16 vs baseline 64 completions/step, eval n=16" in c[8]
     assert "SE = sample standard deviation / sqrt(n)" in text and "paired t-test" in text
@@ -121,13 +124,16 @@ def test_results_csv_and_bad_arguments(tmp_path, capsys):
                      ["async", 1, 1000, 0.7, 0.297], ["async", 2, 1000, 0.9, 0.316]])
     report.main([str(path), "--vs", "on", "--start", "0.297", "--out", str(tmp_path / "r")])
     out = capsys.readouterr().out
-    assert "| `arm=async` | 0, 1 | 2 | 0.625 +- 0.075 | +0.075 +- 0.025 | [+0.050, +0.100] |" in out
+    half = math.tan(0.475 * math.pi) * 0.025  # two pairs: the t interval on 1 df
+    assert f"| `arm=async` | 0, 1 | 2 | 0.625 +- 0.075 | +0.075 +- 0.025 | [{0.075 - half:+.3f}, {0.075 + half:+.3f}] (t) |" in out
     with path.open("a", newline="") as fh:  # seed 0 of `on` again, from another machine's warm start
         csv.writer(fh).writerow(["on", 0, 1000, 0.9, 0.316])
-    report.main([str(path), "--vs", "on", "--out", str(tmp_path / "r")])
-    out = capsys.readouterr().out
-    assert "- jobs of 2 warm starts (val_accuracy_start 0.297, 0.316) share seeds: --start keeps one" in out
-    assert f"- left out {path}:6: arm=on seed 0 already read from {path}:1" in out
+    with pytest.raises(SystemExit):  # refused, naming both rows and the warm starts, not resolved by keeping one
+        report.main([str(path), "--vs", "on", "--out", str(tmp_path / "r")])
+    assert (f"error: duplicate (arm=`arm=on`, seed=0): {path}:1 and {path}:6; the rows come from 2 warm starts "
+            "(val_accuracy_start 0.297, 0.316): --start keeps one") in capsys.readouterr().err
+    report.main([str(path), "--vs", "on", "--start", "0.316", "--out", str(tmp_path / "r")])  # one machine's rows
+    assert "| `arm=on` | 0 | 1 | 0.900 +- - | baseline |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         report.main([str(path), "--vs", "nope", "--out", str(tmp_path / "r")])
     assert "--vs 'nope' matches 0 arms (none); the arms are: arm=async; arm=on" in capsys.readouterr().err
@@ -186,8 +192,10 @@ def test_real_tiny_multirun(tiny_multirun, tmp_path):
     lines = proc.stdout.splitlines()
     assert "test_mean_at_2 mean +- SE" in lines[0] and "vs `algo=grpo_onpolicy`" in lines[0]
     assert lines[2].startswith("| `algo=grpo_onpolicy` | 0, 1 | 2 |") and lines[3].startswith("| `algo=grpo_async` | 0, 1 | 2 |")
-    # same seeds, warm start, steps, test split and samples: no warning; no job left out
-    assert lines[2].endswith("|  |") and lines[3].endswith("|  |") and "Warnings:" not in proc.stdout
+    # same seeds, warm start, steps, test split and samples: no warning (a random model may score the same on both
+    # seeds: then the note of a zero-variance difference, said in words); no job left out
+    assert lines[2].endswith("|  |") and "Warnings:" not in proc.stdout
+    assert lines[3].endswith("|  |") or lines[3].split(" | ")[-1].startswith("zero variance: all 2 pairs differ by")
     with curves.open() as fh:
         rows = list(csv.DictReader(fh))
     assert sorted({(r["arm"], r["seed"]) for r in rows}) == [("algo=grpo_async", "0"), ("algo=grpo_async", "1"),
@@ -216,3 +224,72 @@ def test_render_leaves_out_an_interrupted_job(tiny_multirun, tmp_path):
     nb = nbformat.read(figures / "onpolicy_vs_offpolicy.ipynb", as_version=4)
     text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
     assert "3 runs in 2 arms" in text and "WARNING: left out" in text and "interrupted at step 4" in text
+
+
+def test_a_half_written_summary_is_a_job_left_out_with_one_warning_not_a_traceback(crafted, tmp_path):
+    """Issue 39 (item 13): a summary.json cut short (written before it was written atomically, or by hand) and a
+    final_eval.json cut short: the report reads the first as a job not finished, with one warning naming it."""
+    job = _job(crafted, "9_b5", ["algo=b", "seed=5", "trainer.max_steps=200", "hydra.job.chdir=false"], None)
+    (job / "summary.json").write_text('{"steps": 200, "interrupted": false, "test_mean_at_')
+    a0 = crafted / "0_a0"
+    (a0 / "final_eval.json").write_text('{"per_prompt": {"arith/1+1": 1.')
+    proc = subprocess.run([sys.executable, "sweeps/report.py", str(crafted), "--vs", "b", "--out", str(tmp_path / "r")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    named = [line for line in proc.stdout.splitlines() if str(job / "summary.json") in line]
+    assert len(named) == 1 and named[0].startswith(f"- left out {job}") and "not finished" in named[0], proc.stdout
+    assert sum(str(a0 / "final_eval.json") in line for line in proc.stdout.splitlines()) == 1
+    assert "| `algo=a trainer.max_steps=200` | 0, 1, 2 | 3 |" in proc.stdout  # a0 is in: its summary is whole
+
+
+def test_one_job_without_the_test_score_is_left_out_by_name_not_a_switch_of_metric(crafted, tmp_path, capsys):
+    """Issue 39 (item 16): the default metric was test_mean_at_<n> only when every job had it, so one job without
+    a test score switched the whole report to val_accuracy_end without a word."""
+    no_test = _job(crafted, "9_a3", ["algo=a", "seed=3", "trainer.max_steps=200", "hydra.job.chdir=false"],
+                   {"val_accuracy_end": 0.45})
+    report.main([str(crafted), "--vs", "b", "--out", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert "test_mean_at_16 mean +- SE" in out.splitlines()[0] and "val_accuracy_end" not in out.splitlines()[0]
+    assert f"- left out {no_test}: no number for test_mean_at_16 in its summary" in out
+    assert "| `algo=a trainer.max_steps=200` | 0, 1, 2 | 3 |" in out
+    report.main([str(crafted), "--vs", "b", "--metric", "val_accuracy_end", "--out", str(tmp_path / "r")])
+    assert "val_accuracy_end mean +- SE" in capsys.readouterr().out  # named: every job has it
+
+
+def test_a_duplicate_row_is_refused_with_its_key_and_rows(tmp_path, capsys):
+    """Issue 39 (item 12): two rows of one (arm, seed) were resolved by keeping the first, with a warning."""
+    path = tmp_path / "rows.csv"
+    path.write_text("arm,seed,test_mean_at_16\non,0,0.5\non,1,0.6\nasync,0,0.55\nasync,1,0.7\non,1,0.65\n")
+    with pytest.raises(SystemExit):
+        report.main([str(path), "--vs", "on", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(f"error: duplicate (arm=`arm=on`, seed=1): {path}:2 and {path}:5; each (arm, seed) is "
+                            "one run: remove one, or pair on another key with --seed-key"), err
+
+
+def test_few_pairs_get_a_t_interval_one_pair_and_zero_variance_are_said_in_words(tmp_path, capsys):
+    """Issue 39 (item 15): two seeds gave the range of the two differences as a "bootstrap 95% CI" beside
+    p = 0.40; one common seed a zero-width interval; a constant difference p = 1e-31 or "-" by the rounding."""
+    path = tmp_path / "rows.csv"
+    rows = [("on", 0, 0.5), ("on", 1, 0.6), ("on", 2, 0.4), ("two", 0, 0.449), ("two", 1, 0.592),
+            ("one", 0, 0.55), ("flat", 0, 0.6), ("flat", 1, 0.7), ("flat", 2, 0.5)]
+    path.write_text("arm,seed,test_mean_at_16\n" + "".join(f"{a},{s},{v}\n" for a, s, v in rows))
+    report.main([str(path), "--vs", "on", "--out", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    cells = {line.split(" | ")[0].strip("| `"): line.split(" | ") for line in out.splitlines() if line.startswith("| `")}
+    assert "95% CI" in out.splitlines()[0] and "bootstrap 95% CI" not in out.splitlines()[0]
+    two = cells["arm=two"]  # differences -0.051 and -0.008: mean -0.0295, SE 0.0215, p = 0.40 (t = -1.37, 1 df)
+    half = math.tan(0.475 * math.pi) * 0.0215  # the t interval on 1 df, which holds 0 as p says
+    assert two[4] == "-0.029 +- 0.021" and two[5] == f"[{-0.0295 - half:+.3f}, {-0.0295 + half:+.3f}] (t)"
+    assert two[6] == f"{1 - 2 * math.atan(0.0295 / 0.0215) / math.pi:.3f}" == "0.401"
+    one = cells["arm=one"]
+    assert one[4] == "+0.050 (n=1)" and one[5] == "none: 1 pair" and one[6] == "none: 1 pair"
+    flat = cells["arm=flat"]  # +0.1 on every seed, 0.6 - 0.5 and 0.7 - 0.6 not equal as floats
+    assert flat[4] == "+0.100 +- 0.000" and flat[5] == "none: zero variance" and flat[6] == "none: zero variance"
+    assert "all 3 pairs differ by +0.100" in flat[7]
+    assert "t interval" in out and "below 10 pairs" in out
+    assert (tmp_path / "r" / "differences.png").stat().st_size > 5_000
+    with (tmp_path / "r" / "report.csv").open() as fh:
+        by_arm = {r["arm"]: r for r in csv.DictReader(fh)}
+    assert by_arm["arm=two"]["ci_method"] == "t" and by_arm["arm=one"]["ci_low"] == ""
+    assert by_arm["arm=flat"]["p_paired_t"] == "" and "zero variance" in by_arm["arm=flat"]["note"]

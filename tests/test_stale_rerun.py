@@ -50,8 +50,30 @@ def test_the_lr_rule_ties_go_low_a_non_finite_run_counts_zero_and_a_missing_seed
     with pytest.raises(ValueError, match=r"line 2: no number in column 'val_mean_at_16' \(got ''\)"):
         rerun.select_lr([{**rows[0], "val_mean_at_16": ""}], arms=("tie",), lrs=lrs, seeds=seeds)
     rows.append({"arm": "tie", "algo.learning_rate": "1e-05", "seed": "1", "val_mean_at_16": "0.3"})
-    with pytest.raises(ValueError, match=r"line \d+: \('tie', 1e-05, 1\) appears twice"):
+    with pytest.raises(ValueError, match=r"duplicate \(arm=tie, algo.learning_rate=1e-05, seed=1\): line 2 and line 18"):
         rerun.select_lr(rows, arms=("tie",), lrs=lrs, seeds=seeds)
+
+
+def test_a_duplicate_row_is_refused_by_key_and_lines_even_with_the_same_score(tmp_path):
+    """Issue 39 (item 12): stage 2 kept the last of two rows of one (arm, warm start, seed) without a word, and
+    stage 1 accepted two rows with the same score; the analysis refuses both, naming the key and the rows."""
+    rows = _headline_rows(0.05, 0.0, {(w, s): 0.0 for w in rerun.WARM_STARTS for s in rerun.SEEDS})
+    again = {**rows[0], "test_mean_at_16": "0.9"}  # onpolicy, warm start 0, seed 0: a rerun kept beside
+    with pytest.raises(ValueError, match=r"^stale_headline rows: duplicate \(arm=onpolicy, model.warmstart.seed=0, "
+                                         r"seed=0\): line 2 and line 47$"):
+        rerun.headline_values([*rows, again])
+    tune = _tune_rows({("a", lr, s): 0.5 for lr in rerun.LRS for s in rerun.TUNE_SEEDS})
+    with pytest.raises(ValueError, match=r"duplicate \(arm=a, algo.learning_rate=5e-05, seed=101\): line 6 and line 11"):
+        rerun.select_lr([*tune, dict(tune[4])], arms=("a",))
+    (tmp_path / "stale_headline_default.csv").write_text(
+        "arm,model.warmstart.seed,seed,test_mean_at_16\n" + "".join(
+            f"{r['arm']},{r['model.warmstart.seed']},{r['seed']},{r['test_mean_at_16']}\n" for r in [*rows, again]))
+    res = subprocess.run([sys.executable, "sweeps/stale_rerun.py", "--results", str(tmp_path)], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1].endswith(
+        f"{tmp_path / 'stale_headline_default.csv'}: duplicate (arm=onpolicy, model.warmstart.seed=0, seed=0): line 2 "
+        "and line 47")
 
 
 def test_the_stage1_table_names_the_arms_chosen_at_either_edge_of_the_grid():

@@ -68,3 +68,48 @@ def test_pairing_uses_common_seeds_only():
     assert paired.seeds == [0, 1] and paired.diff == pytest.approx(0.15) and paired.tost_p is None
     with pytest.raises(ValueError, match="no seed in common"):
         stats.compare({0: 0.5}, {1: 0.4})
+
+
+def test_below_ten_pairs_the_interval_is_the_t_interval_and_agrees_with_p():
+    """Issue 39 (item 15): with two seeds the percentile interval was the range of the two differences,
+    [-0.051, -0.008] beside p = 0.40; below 10 pairs the interval is scipy's t interval (df n-1), which excludes 0
+    exactly when the paired t-test's p < 0.05."""
+    from scipy import stats as st
+
+    base = {0: 0.5, 1: 0.6}
+    paired = stats.compare({0: 0.5 - 0.051, 1: 0.6 - 0.008}, base)
+    d = np.array([-0.051, -0.008])
+    assert paired.ci_method == "t" and paired.p == pytest.approx(0.40, abs=0.005)
+    want = st.t.interval(0.95, 1, loc=d.mean(), scale=d.std(ddof=1) / math.sqrt(2))
+    assert paired.ci == pytest.approx(want, abs=1e-12) and paired.ci[0] < 0 < paired.ci[1]
+    rng = np.random.default_rng(0)
+    for n in range(2, 10):
+        for _ in range(20):
+            a, b = rng.normal(0.5, 0.05, n), rng.normal(0.48, 0.05, n)
+            p = stats.compare(dict(enumerate(a)), dict(enumerate(b)))
+            ref = st.ttest_rel(a, b)
+            assert p.ci_method == "t" and p.p == pytest.approx(ref.pvalue)
+            assert (p.ci[0] > 0 or p.ci[1] < 0) == (p.p < 0.05)
+    big = stats.compare(dict(enumerate(rng.normal(0.5, 0.05, 15))), dict(enumerate(rng.normal(0.5, 0.05, 15))))
+    assert big.ci_method == "bootstrap" and big.note is None  # 10 pairs and more: the percentile bootstrap
+
+
+def test_one_pair_has_no_interval_and_no_p_and_says_so():
+    paired = stats.compare({0: 0.55, 1: 0.7}, {0: 0.5})
+    assert paired.diff == pytest.approx(0.05) and math.isnan(paired.se)
+    assert paired.ci is None and paired.ci_method is None and math.isnan(paired.p)
+    assert paired.note == "1 pair: no standard error, interval or test"
+
+
+def test_a_constant_difference_is_zero_variance_whatever_the_rounding():
+    """Issue 39 (item 15): 0.5 - 0.4 and 0.45 - 0.35 differ in the 17th digit, so the old test read a spread of
+    1e-17 and gave p = 1e-31 (or "-" when the rounding happened to agree)."""
+    a, b = {0: 0.5, 1: 0.45, 2: 0.3}, {0: 0.4, 1: 0.35, 2: 0.2}
+    assert np.ptp([a[s] - b[s] for s in a]) > 0  # the floats do differ
+    paired = stats.compare(a, b, margin=0.2)
+    assert paired.diff == pytest.approx(0.1) and paired.se == 0.0
+    assert math.isnan(paired.p) and math.isnan(paired.t) and math.isnan(paired.tost_p) and paired.ci is None
+    assert paired.note == "zero variance: all 3 pairs differ by +0.100 (no interval or test)"
+    t, df, p = stats.one_sample_t([0.1 + 1e-17, 0.1, 0.1 - 2e-17])
+    assert math.isnan(t) and math.isnan(p) and df == 2
+    assert stats.is_constant([0.1, 0.1 + 1e-9]) is False  # a real spread, however small, is one

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -31,6 +30,7 @@ from grpolab.preflight import Checked, preflight
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.sampler_failure import SamplerFailure
+from grpolab.run_files import write_json
 from grpolab.slurm import requeue, requeue_signals
 
 log = logging.getLogger("grpolab")
@@ -167,8 +167,9 @@ def _phase(stop: StopOnSignal, trainer: L.Trainer, name: str, fn: Any, *args: An
 
 def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float,
                   interrupted: bool | None = None) -> dict:
-    """Write ``summary.json`` (rank 0) and ``policy/`` (``save_policy``; every rank takes part). Returns the
-    summary. ``interrupted``: training stopped before its last step (default: a stop was requested);
+    """Write ``summary.json`` (rank 0, atomically: :func:`grpolab.run_files.write_json`) and ``policy/``
+    (``save_policy``; every rank takes part). Returns the summary. ``interrupted``: training stopped before its
+    last step (default: a stop was requested);
     ``"signal"`` and ``"stopped_in"`` (the phase) record any stop, also one after training."""
     out = Path(cfg.paths.output_dir)
     trainer, module, stop = parts["trainer"], parts["module"], parts["stop"]
@@ -181,7 +182,7 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
     summary.update(summary_keys(parts.get("failure"), parts["datamodule"].sampler.restarts))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_json(out / "summary.json", summary)  # atomic: a reader never sees half of it
     if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
         save_policy(module.policy, module.tokenizer, out / "policy", write=trainer.is_global_zero)
     if trainer.is_global_zero:
@@ -224,7 +225,7 @@ def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, t
     result["final_eval_s"] = round(time.perf_counter() - t0, 2)
     if write:  # under DDP every rank scores (the same samples), rank 0 writes
         out.mkdir(parents=True, exist_ok=True)
-        (out / "final_eval.json").write_text(json.dumps(result, indent=2))
+        write_json(out / "final_eval.json", result)
     log.info("final eval: %s", {k: v for k, v in result.items() if k != "per_prompt"})
     return {k: v for k, v in result.items() if k != "per_prompt"}
 

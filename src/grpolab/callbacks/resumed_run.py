@@ -7,10 +7,10 @@ a new run folder), the same folder for a multirun job rerun into its sweep or a 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from grpolab.checkpoint_reading import load_checkpoint
+from grpolab.run_files import write_text
 
 
 def checkpoint_run_dir(ckpt_path: str | Path | None) -> Path | None:
@@ -34,8 +34,6 @@ def is_rank_zero() -> bool:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write ``text`` to ``path`` through a temporary file, fsync and a rename (:func:`grpolab.run_files.write_text`):
+    a reader sees the old file or the new one."""
+    write_text(path, text)

@@ -30,6 +30,7 @@ from grpolab.errors import ConfigError
 from grpolab.evaluation.metrics import maj_at_k, mean_at_n, pass_at_k, standard_error
 from grpolab.evaluation.run_info import check_run_data, run_folder
 from grpolab.rollout.settings import resolve_rollout
+from grpolab.run_files import write_json
 from grpolab.verifiers.extract import boxed_contents, final_answer_region
 
 log = logging.getLogger("grpolab.eval")
@@ -358,7 +359,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         result["run"] = run_info
     result["time_s"] = round(time.perf_counter() - start, 2)
     result = _clean(result)
-    (out_dir / "eval.json").write_text(json.dumps(result, indent=2))
+    write_json(out_dir / "eval.json", result)  # atomic: a reader never sees half of it
     if e.save_completions:
         with (out_dir / "completions.jsonl").open("w", encoding="utf-8") as f:
             for r in records:

@@ -3,12 +3,13 @@ the run's (another data seed splits other prompts off as held out)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from grpolab.run_files import read_summary
 
 log = logging.getLogger("grpolab.eval")
 
@@ -31,9 +32,10 @@ def check_run_data(cfg: DictConfig, run: Path) -> dict[str, Any]:
     """Compare the eval's task config with the run's; warn when they differ (a different data seed changes the
     split, so the 'test' prompts could be training prompts of that run)."""
     info: dict[str, Any] = {"run_dir": str(run)}
-    summary = run / "summary.json"
-    if summary.is_file():
-        s = json.loads(summary.read_text())
+    s, problem = read_summary(run)  # one that cannot be read (half-written) is said, never a traceback
+    if problem:
+        log.warning("%s: the run's numbers are not compared", problem)
+    if s is not None:
         info.update({k: s.get(k) for k in ("val_accuracy_end", "val_best_accuracy", "steps", "seed")})
         info["data_seed"] = s.get("data_seed", s.get("seed"))  # runs before data_seed split by their seed
     hydra_cfg = run / ".hydra" / "config.yaml"
