@@ -45,6 +45,7 @@ from grpolab.previous_policy import PreviousPolicy
 from grpolab.rank_state import own_rank_state, rank_lists
 from grpolab.reference_refresh import ReferenceRefresh
 from grpolab.rollout.buffer import Minibatch
+from grpolab.run_clock import RunClock
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class GRPOModule(L.LightningModule):
         self.time_train_s = 0.0
         self.num_tokens = 0
         self._val_acc: dict[str, float] = {}
-        self._fit_start: float | None = None
+        self.clock = RunClock()  # train/time/elapsed and time_total_s, going on across resumes (the checkpoint's)
         self._zero_variance_streak = 0
         self._lag_max = 0
         self.skipped_steps = 0  # algo.skip_zero_grad_steps: optimizer steps left out (summary.json)
@@ -132,7 +133,7 @@ class GRPOModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:  # fp16 loss scaling, however given
             raise ConfigError(f"a precision plugin with a GradScaler (trainer.precision=16-mixed) {FP16_SCALER_MESSAGE}")
-        self._fit_start = time.perf_counter()
+        self.clock.start_fit()
 
     def on_train_start(self) -> None:  # also a resumed checkpoint that was saved before a refresh that was due
         self._refresh_reference()
@@ -309,7 +310,7 @@ class GRPOModule(L.LightningModule):
         m["step_time"] = now - t0
         m["time/train"] = self.time_train_s
         m.update(mb.metrics)  # the data module's own timings (time/rollout, time/weight_sync)
-        m["time/elapsed"] = now - (self._fit_start or now)
+        m["time/elapsed"] = self.clock.elapsed(now)  # the whole run's: a resume goes on from its checkpoint's
         m["tokens_per_second"] = self.num_tokens / max(m["time/elapsed"], 1e-9)
         weights = None
         if self.trainer.world_size > 1:  # what this rank's means are over, to combine the ranks' values
@@ -367,6 +368,7 @@ class GRPOModule(L.LightningModule):
         own = {"anchors": self._anchors, "num_tokens": self.num_tokens, "drift": self.models.drift}  # per rank (DDP)
         checkpoint["grpolab"] = {**own, **rank_lists(own), "val_history": self.val_history,
                                  **self._ref_refresh.state_dict(), "time_train_s": self.time_train_s,
+                                 **self.clock.state_dict(),
                                  "lag_max": self._lag_max, "skipped_steps": self.skipped_steps,
                                  "previous_policy": None if self._previous is None else self._previous.state_dict()}
         record = {} if is_sharded(self.policy) else self._frozen.for_save(self.state_dict(keep_vars=True))
@@ -380,6 +382,7 @@ class GRPOModule(L.LightningModule):
         self._anchors, self.num_tokens, self.models.drift = own_rank_state(state, rank, world)  # each rank's own (DDP)
         self._ref_refresh.load_state_dict(state, int(checkpoint.get("global_step", 0)))
         self.val_history, self.time_train_s = state.get("val_history", []), state.get("time_train_s", 0.0)
+        self.clock.load_state_dict(state)
         self._lag_max, self.skipped_steps = state.get("lag_max", 0), state.get("skipped_steps", 0)
         if self._previous is not None and state.get("previous_policy") is not None:
             self._previous.load_state_dict(state["previous_policy"], self.policy)

@@ -111,6 +111,7 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
     out = Path(cfg.paths.output_dir)
     parts = build(cfg, checked)
     trainer, module, dm = parts["trainer"], parts["module"], parts["datamodule"]
+    module.clock.start_run(start)  # time_total_s: this process's seconds plus a resumed checkpoint's
     stop: StopOnSignal = parts["stop"]
     stop.attach(trainer)
     final: dict = {}
@@ -125,7 +126,7 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
             except SamplerFailure as err:  # saved by SaveOnSamplerFailure; the outputs are written now
                 parts["failure"] = err
                 log.error("%s", err)
-                return write_outputs(cfg, parts, final, time.perf_counter() - start)
+                return write_outputs(cfg, parts, final, module.clock.total())
             last_val = module.val_history[-1]["step"] if module.val_history else None
             if trained and last_val != module.global_step:
                 _phase(stop, trainer, "final validation", trainer.validate, module, datamodule=dm, verbose=False)
@@ -139,7 +140,7 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
             log.warning("%s (%s), after the last training step: the run is finished (summary.json "
                         "\"interrupted\": false); score it with src/eval.py", signal.Signals(stop.signum).name,
                         stop.stopped_in)
-        summary = write_outputs(cfg, parts, final, time.perf_counter() - start,
+        summary = write_outputs(cfg, parts, final, module.clock.total(),
                                 interrupted=bool(stop.signum) and not trained)
     if summary["interrupted"] and trainer.is_global_zero:
         log.warning("to continue this run: %s", resume_command(stop.ckpt_path))
@@ -168,7 +169,8 @@ def _phase(stop: StopOnSignal, trainer: L.Trainer, name: str, fn: Any, *args: An
 def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float,
                   interrupted: bool | None = None) -> dict:
     """Write ``summary.json`` (rank 0, atomically: :func:`grpolab.run_files.write_json`) and ``policy/``
-    (``save_policy``; every rank takes part). Returns the summary. ``interrupted``: training stopped before its
+    (``save_policy``; every rank takes part). Returns the summary. ``total_s``: the run's seconds, a resumed
+    checkpoint's included (:class:`grpolab.run_clock.RunClock`). ``interrupted``: training stopped before its
     last step (default: a stop was requested);
     ``"signal"`` and ``"stopped_in"`` (the phase) record any stop, also one after training."""
     out = Path(cfg.paths.output_dir)
