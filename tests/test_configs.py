@@ -8,6 +8,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from grpolab.config import GRPOConfig
+from grpolab.rollout.settings import resolve_rollout
 
 CONF = REPO_ROOT / "conf"
 
@@ -16,7 +17,8 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml") if p.stem != "base")
 
 
-@pytest.mark.parametrize("group", ["algo", "model", "data", "verifier", "rollout", "trainer", "logger", "callbacks"])
+@pytest.mark.parametrize("group", ["algo", "model", "data", "verifier", "rollout", "rollout/refresh", "trainer", "logger",
+                                   "callbacks"])
 def test_every_option_of_every_group_composes(tmp_path, group):
     for option in _options(group):
         extra = ["model.tokenizer_path=x"] if (group, option) == ("model", "tiny_qwen") else []
@@ -45,6 +47,17 @@ def test_algo_configs_validate(tmp_path, algo):
                    "grpo_offpolicy_anchor": algo_cfg.ratio_reference == "anchor", "grpo_offpolicy": True}[algo]
         assert changed and algo_cfg.mask_zero_std_groups
         assert algo_cfg.clip_mode == ("ppo" if algo == "grpo_offpolicy_ppo" else "offpolicy_grpo")
+
+
+@pytest.mark.parametrize("rule", _options("rollout/refresh"))
+def test_every_refresh_rule_builds_under_its_own_name(tmp_path, rule):
+    """conf/rollout/refresh/<name>.yaml puts its node at rollout.refresh.<name> (its package line) and builds the rule
+    called <name>, with the paper's off-policy schedule."""
+    assert (CONF / "rollout" / "refresh" / f"{rule}.yaml").read_text().startswith(f"# @package rollout.refresh.{rule}\n")
+    cfg = compose_train_cfg(tmp_path, ["algo=grpo_offpolicy", f"rollout/refresh={rule}"])
+    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
+    _, _, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
+    assert [r.name for r in settings.refresh_rules(algo)] == [rule]
 
 
 @pytest.mark.parametrize(

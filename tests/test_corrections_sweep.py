@@ -27,6 +27,15 @@ ARMS = {"onpolicy": (1, "ppo", None, False, "steps", None),
         "adaptive_async_d06": (10, "offpolicy_grpo", None, True, "adaptive", 0.06)}
 
 
+def _refresh(rules) -> tuple:
+    """``("steps", None)`` for the step schedule alone, ``("adaptive", max_drift)`` for the drift rule alone (the arms'
+    old spelling, rollout.refresh=adaptive rollout.max_drift=D), else the rules."""
+    kinds = [(type(r).__name__, getattr(r, "every", None)) for r in rules]
+    if kinds == [("EveryKSteps", None)]:
+        return "steps", None
+    return ("adaptive", rules[0].max_drift) if [k for k, _ in kinds] == ["DriftRefresh"] else (rules, None)
+
+
 def test_the_screen_is_every_arm_at_claim_small_settings():
     cfg = compose_sweep("corrections_small", [])
     assert grid(cfg) == {"correction_arm": list(ARMS), "seed": ["0", "1", "2"]}
@@ -45,7 +54,7 @@ def test_each_arm_changes_one_factor_and_passes_the_checks(arm, task):
     algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))  # the loss variant's own checks
     _, _, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
     got = (algo.steps_per_generation, algo.clip_mode, algo.proximal_policy, settings.async_generation,
-           settings.refresh, settings.max_drift)
+           *_refresh(settings.refresh_rules(algo)))
     assert got == ARMS[arm]
     assert algo.num_iterations == 1 and algo.mask_zero_std_groups == (arm != "onpolicy") and cfg.seed == 2
     assert algo.learning_rate == 1e-4 and algo.epsilon == 0.2

@@ -33,24 +33,36 @@ def sum_over_ranks(strategy: Any, counts: dict[str, int]) -> dict[str, int]:
 
 
 def sum_floats_over_ranks(strategy: Any, values: dict[str, float]) -> dict[str, float]:
-    """``values`` summed over every data-parallel rank with one float64 all-reduce; a copy with one process.
+    """``values`` summed over every data-parallel rank with one float64 all-reduce; a copy with one process
+    (:func:`reduce_floats_over_ranks` with ``op="sum"``)."""
+    return reduce_floats_over_ranks(strategy, values)
+
+
+def reduce_floats_over_ranks(strategy: Any, values: dict[str, float], op: str = "sum") -> dict[str, float]:
+    """``values`` combined over every data-parallel rank with one float64 all-reduce; a copy with one process.
 
     The tensor is built on ``strategy.root_device``: a process group on GPUs is NCCL-only and has no backend for
     a CPU tensor ("No backend type associated with device type cpu"). A collective: every rank must call it with
-    the same keys.
+    the same keys and ``op``.
 
     Args:
         strategy: the Lightning strategy (``world_size``, ``root_device``, ``reduce``).
         values: name -> this rank's value.
+        op: ``"sum"``, ``"max"`` or ``"min"``.
 
     Returns:
-        name -> the sum over ranks (float).
+        name -> the combined value over ranks (float).
+
+    Raises:
+        ValueError: another ``op``.
     """
+    if op not in ("sum", "max", "min"):
+        raise ValueError(f"op must be sum, max or min, got {op!r}")
     if getattr(strategy, "world_size", 1) <= 1:
         return {k: float(v) for k, v in values.items()}
     keys = sorted(values)
     local = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=strategy.root_device)
-    total = strategy.reduce(local, reduce_op="sum").cpu().tolist()
+    total = strategy.reduce(local, reduce_op=op).cpu().tolist()
     return dict(zip(keys, total, strict=True))
 
 

@@ -39,7 +39,7 @@ from grpolab.distributed import is_sharded, shard_models
 from grpolab.errors import ConfigError, NonFiniteLossError
 from grpolab.forward.logprob_pass import completion_log_probs
 from grpolab.forward.theorem1 import lower_bound_metrics
-from grpolab.handle import PolicyHandle
+from grpolab.handle import PolicyHandle, ServedBatch
 from grpolab.models import make_reference
 from grpolab.previous_policy import PreviousPolicy
 from grpolab.rank_state import own_rank_state, rank_lists
@@ -293,8 +293,9 @@ class GRPOModule(L.LightningModule):
         sampler = mb.sampler_logp.to(logp.device) if mb.sampler_logp is not None else logp
         div = policy_sampler_divergence(logp, sampler, mask)
         m.update({k: float(v) for k, v in div.items() if k != "num_sequences"})
-        if mb.iteration == 0:  # read by rollout.refresh=adaptive before the next step (over completion tokens)
+        if mb.iteration == 0:  # read by the refresh rules before the next step (over completion tokens)
             self.models.drift = drift_sum(logp, sampler, mb.completion_mask.to(logp.device))
+            self.models.served = ServedBatch.measure(logp, sampler, mb.completion_mask, mb.rewards)
         m.update({f"ratio/anchor_{k}": float(v) for k, v in weight_quantiles(logp, sampler, mask).items()})
         seq_mask = mask.any(1)
         cw = c_weight(mb.info["group_std"].to(logp.device), c.advantage_epsilon)
@@ -365,7 +366,9 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        own = {"anchors": self._anchors, "num_tokens": self.num_tokens, "drift": self.models.drift}  # per rank (DDP)
+        served = None if self.models.served is None else self.models.served.to_dict()
+        own = {"anchors": self._anchors, "num_tokens": self.num_tokens, "drift": self.models.drift,
+               "served": served}  # per rank (DDP)
         checkpoint["grpolab"] = {**own, **rank_lists(own), "val_history": self.val_history,
                                  **self._ref_refresh.state_dict(), "time_train_s": self.time_train_s,
                                  **self.clock.state_dict(),
@@ -379,7 +382,8 @@ class GRPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("grpolab", {})
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
-        self._anchors, self.num_tokens, self.models.drift = own_rank_state(state, rank, world)  # each rank's own (DDP)
+        self._anchors, self.num_tokens, self.models.drift, served = own_rank_state(state, rank, world)  # own (DDP)
+        self.models.served = ServedBatch.from_dict(served)
         self._ref_refresh.load_state_dict(state, int(checkpoint.get("global_step", 0)))
         self.val_history, self.time_train_s = state.get("val_history", []), state.get("time_train_s", 0.0)
         self.clock.load_state_dict(state)

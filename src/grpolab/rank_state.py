@@ -1,7 +1,7 @@
 """Per-rank state in a checkpoint: under DDP/FSDP each rank trains its own rows, so some of its state is its own.
 
-The module's: its anchor log-probs (``log pi_k`` at a minibatch's first use), its running token count and the drift
-it measured (:data:`RANK_LISTS`). The data module's: its buffer, its buffer in flight and its counters
+The module's: its anchor log-probs (``log pi_k`` at a minibatch's first use), its running token count, the drift it
+measured and the served minibatch's log-ratios (:data:`RANK_LISTS`). The data module's: its buffer, its buffer in flight and its counters
 (:data:`ROLLOUT_RANK_KEYS`). Each is gathered into the checkpoint when it is written (:func:`gather_rank_state`, a
 collective) and each rank takes its own entry back at resume; the top level holds the saving rank's own values
 (rank 0's in the file).
@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 # the module's per-rank values and the checkpoint keys that list them, one entry per rank
-RANK_LISTS = {"anchors": "anchor_ranks", "num_tokens": "num_tokens_ranks", "drift": "drift_ranks"}
+RANK_LISTS = {"anchors": "anchor_ranks", "num_tokens": "num_tokens_ranks", "drift": "drift_ranks",
+              "served": "served_ranks"}
 # the data module's per-rank entries (in ``ranks``, one dict per rank)
 ROLLOUT_RANK_KEYS = ("buffer", "in_flight", "counters")
 
@@ -54,23 +55,26 @@ def rank_lists(local: dict[str, Any]) -> dict[str, list | None]:
     return {RANK_LISTS[k]: None if ranks is None else [r[k] for r in ranks] for k in local}
 
 
-def own_rank_state(state: dict[str, Any], rank: int, world: int) -> tuple[dict, int, Any]:
-    """This rank's ``(anchors, num_tokens, drift)`` from a checkpoint's ``grpolab`` entry.
+def own_rank_state(state: dict[str, Any], rank: int, world: int) -> tuple[dict, int, Any, Any]:
+    """This rank's ``(anchors, num_tokens, drift, served)`` from a checkpoint's ``grpolab`` entry.
 
     Saved by several processes (``anchor_ranks``, ...): this rank's own. With another process count no anchors are
     taken (``resume_conflicts`` refuses such a resume while buffer steps remain, and then no anchor is read), rank 0
-    takes the total token count, so the logged sum over ranks is kept, and every rank the drift of the saving process
-    0. Saved by one process (or by an older version): the top-level values; a checkpoint older than the module's
-    drift has none (None: the data module's saved one is read, :meth:`~grpolab.rollout.adaptive.DriftRefresh.load_state_dict`).
+    takes the total token count, so the logged sum over ranks is kept, and every rank the drift and the served
+    log-ratios of the saving process 0. Saved by one process (or by an older version): the top-level values; a
+    checkpoint older than the module's drift has none (None: the data module's saved one is read,
+    :meth:`~grpolab.rollout.rules.drift.DriftRefresh.load_old_layout`), one older than the served log-ratios none
+    either (None: a rule that reads them waits a step).
     """
-    ranks, counts, drifts = (state.get(RANK_LISTS[k]) for k in ("anchors", "num_tokens", "drift"))
+    ranks, counts, drifts, served = (state.get(RANK_LISTS[k]) for k in ("anchors", "num_tokens", "drift", "served"))
     anchors = (ranks[rank] if len(ranks) == world else {}) if ranks else state.get("anchors", {})
     if counts:
         tokens = counts[rank] if len(counts) == world else (sum(counts) if rank == 0 else 0)
     else:
         tokens = state.get("num_tokens", 0)
     drift = drifts[rank] if drifts and len(drifts) == world else state.get("drift")
-    return anchors, tokens, drift
+    own_served = served[rank] if served and len(served) == world else state.get("served")
+    return anchors, tokens, drift, own_served
 
 
 def with_rollout_ranks(state: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The drift ``rollout.refresh=adaptive`` reads: over completion tokens (a minibatch whose groups are all masked still
-measures it), token-weighted over ranks (one definition for the rule and the log), and summed through a tensor on
-the strategy's device (a process group on GPUs has no CPU backend)."""
+"""The drift the drift refresh rule (``rollout/refresh=drift``, formerly ``rollout.refresh=adaptive``) reads: over
+completion tokens (a minibatch whose groups are all masked still measures it), token-weighted over ranks (one
+definition for the rule and the log), and summed through a tensor on the strategy's device (a process group on GPUs
+has no CPU backend)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from grpolab.algo.diagnostics import drift_sum, policy_sampler_divergence
 from grpolab.algo.metric_reduction import WEIGHT_NAMES
 from grpolab.callbacks.step_logging import reduce_over_ranks
-from grpolab.distributed import sum_floats_over_ranks
-from grpolab.rollout.adaptive import DriftRefresh
-from grpolab.rollout.buffer import RolloutBuffer
+from grpolab.distributed import reduce_floats_over_ranks
+from grpolab.rollout.rules.base import RefreshRecord, one_process
+from grpolab.rollout.rules.drift import DriftRefresh
 from grpolab.rollout.schedule import Schedule
 from grpolab.run import run_training
 
@@ -43,10 +44,10 @@ def test_drift_is_measured_over_completion_tokens_not_the_loss_mask():
     assert total / tokens == float(policy_sampler_divergence(logp, sampler, completion)["tv_token"])
 
 
-def _buffer_at_position_1() -> RolloutBuffer:
-    buffer = RolloutBuffer(Schedule(steps_per_generation=4))
-    buffer.position = 1
-    return buffer
+def _record_at_position_1(drift, reduce=one_process) -> RefreshRecord:
+    """What the rule reads before step 1 of a k = 4 buffer: this rank's drift of step 0's minibatch."""
+    return RefreshRecord(step=1, position=1, schedule=Schedule(steps_per_generation=4), at_minibatch_boundary=True,
+                         drift=drift, reduce=reduce)
 
 
 def _free_port() -> int:
@@ -69,7 +70,8 @@ def _drift_worker(rank: int, port: int, out: str) -> None:
         env.set_global_rank(rank)
         strategy = DDPStrategy(parallel_devices=[torch.device("cpu")] * 2, cluster_environment=env)
         rule = DriftRefresh(max_drift=0.5)
-        drift = rule.before_step(1, _buffer_at_position_1(), RANK_DRIFTS[rank], partial(sum_floats_over_ranks, strategy))
+        rule.should_refresh(_record_at_position_1(RANK_DRIFTS[rank], partial(reduce_floats_over_ranks, strategy)))
+        drift = rule.last
         metrics = {f"train/{k}": v for k, v in rule.metrics().items()}
         rows = RANK_DRIFTS[rank][1]  # the ranks averaged other amounts (a row-weighted mean of the ranks' equal values
         # rounds to another float for these numbers)
@@ -121,7 +123,7 @@ def test_sums_over_ranks_use_the_strategy_device(group_without_a_cpu_backend):
     # through the rule, as the data module calls it: the drift's tensor reaches the collective on the root device
     rule = DriftRefresh(max_drift=0.5)
     with pytest.raises(NotImplementedError, match="meta"):
-        rule.before_step(1, _buffer_at_position_1(), (0.9, 3), partial(sum_floats_over_ranks, Strategy()))
+        rule.should_refresh(_record_at_position_1((0.9, 3), partial(reduce_floats_over_ranks, Strategy())))
 
 
 def test_a_masked_minibatch_still_measures_drift_in_training(tmp_path):
@@ -131,7 +133,8 @@ def test_a_masked_minibatch_still_measures_drift_in_training(tmp_path):
     some minibatches are wholly masked, and the others score distinct completions differently, so the policy moves."""
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, *varied(constant_every=2), "algo=grpo_offpolicy",
                                        "algo.steps_per_generation=8",
-                                       "algo.learning_rate=1e-3", "rollout.refresh=adaptive", "rollout.max_drift=10",
+                                       "algo.learning_rate=1e-3", "rollout/refresh=drift",
+                                       "rollout.refresh.drift.max_drift=10",
                                        "trainer.max_steps=16", "val.at_start=false", "trainer.val_check_interval=100",
                                        "save_policy=false"])
     run_training(cfg)

@@ -1,4 +1,4 @@
-"""rollout.refresh=adaptive: the sampler is refreshed early once the measured drift passes rollout.max_drift,
+"""rollout.refresh=adaptive (the old spelling of rollout/refresh=drift): the sampler is refreshed early once the measured drift passes rollout.max_drift,
 the refresh steps reach summary.json, a bound never reached changes nothing, and resume is exact."""
 
 import pandas as pd
@@ -59,7 +59,7 @@ def test_adaptive_resume_is_exact(tmp_path):
     (dict(refresh="adaptive"), dict(steps_per_generation=4), "needs rollout.max_drift"),
     (dict(refresh="adaptive", max_drift=0.1), dict(steps_per_generation=1), "steps_per_generation >= 2"),
     (dict(max_drift=0.1), dict(steps_per_generation=4), "read by rollout.refresh=adaptive only"),
-    (dict(refresh="drift"), dict(), "rollout.refresh must be steps or adaptive"),
+    (dict(refresh="drift"), dict(), r"rollout.refresh=drift: choose refresh rules with rollout/refresh=\[drift\]"),
 ])
 def test_adaptive_settings_are_checked_naming_the_key(settings, algo, match):
     with pytest.raises(ValueError, match=match):

@@ -45,7 +45,7 @@ def drift_sum(logp: Tensor, sampler_logp: Tensor, completion_mask: Tensor) -> tu
 
     Over the completion tokens, not the loss tokens: the total variation between the policy and the sampler does not
     depend on rewards, so a minibatch whose groups are all masked (zero reward variance) still measures it.
-    ``rollout.refresh=adaptive`` reads ``sum / count`` (summed over ranks first).
+    The drift refresh rule (``rollout/refresh=drift``) reads ``sum / count`` (summed over ranks first).
 
     Args:
         logp: ``[B, T]`` policy log-probs.

@@ -3,9 +3,9 @@
 Every rank computes its ``train/*`` metrics on its own rows. The run logs one value per metric, the value one
 process holding the whole global batch would log: a mean of per-rank means weighted by what each rank averaged
 over (scored rows, completion tokens, loss tokens, groups, ...), the maximum of maxima, the minimum of minima,
-the sum of counts. :data:`RULES` declares that per metric; :func:`pack` / :func:`unpack` put one rank's values
-and weights in one float64 tensor, so that one ``all_gather`` per step carries everything, and
-:func:`reduce_metrics` combines the gathered ranks. Pure Python and torch (no Lightning).
+the sum of counts. :data:`RULES` declares that per metric (:func:`declare` adds a plug-in's own); :func:`pack` /
+:func:`unpack` put one rank's values and weights in one float64 tensor, so that one ``all_gather`` per step carries
+everything, and :func:`reduce_metrics` combines the gathered ranks. Pure Python and torch (no Lightning).
 """
 
 from __future__ import annotations
@@ -81,10 +81,7 @@ RULES: Mapping[str, Rule] = MappingProxyType({
     "train/lag/max": _MAX,
     "train/iteration": _MAX,
     "train/sampler_refreshes": _MAX,
-    # rollout.refresh=adaptive: the drift the rule read (already token-weighted over ranks, the same on every rank,
-    # so the log shows that number exactly) and the early refreshes so far
-    "train/rollout/drift": _MAX,
-    "train/rollout/drift_refreshes": _MAX,
+    # a refresh rule's own metrics (train/rollout/<name>...) are declared by the rule: declare()
     "train/rollout/sampler_restarts": _MAX,  # samplers restarted after a failure so far (one-process runs only)
     "train/skipped_steps": _MAX,  # every rank skips the same steps (the global gradient norm decides)
     "train/rewards/*": Rule("mean", PER_METRIC),  # rewards/<function>/mean over the rows it scored
@@ -134,6 +131,29 @@ RULES: Mapping[str, Rule] = MappingProxyType({
 })
 
 
+_DECLARED: dict[str, Rule] = {}  # the rules plug-ins declared (declare()), beside RULES
+
+
+def declare(rules: Mapping[str, Rule]) -> None:
+    """Declare how metrics logged by a plug-in combine over ranks, beside :data:`RULES`: a refresh rule declares its
+    own ``train/rollout/...`` metrics when its class is defined (:class:`~grpolab.rollout.rules.base.RefreshRule`).
+
+    Args:
+        rules: full metric name (``train/...``) or ``*`` pattern -> :class:`Rule`.
+
+    Raises:
+        ValueError: a name :data:`RULES` or an earlier declaration already gives another rule.
+    """
+    for name, rule in rules.items():
+        if not isinstance(rule, Rule):
+            raise ValueError(f"the cross-rank rule of {name!r} must be a metric_reduction.Rule, got {rule!r}")
+        known = RULES.get(name, _DECLARED.get(name))
+        if known is not None and known != rule:
+            raise ValueError(f"metric {name!r} already combines over ranks by {known}, not {rule}: give it another name")
+    _DECLARED.update(rules)
+    _lookup_default.cache_clear()
+
+
 def _lookup(name: str, rules: Mapping[str, Rule]) -> Rule | None:
     if name in rules:
         return rules[name]
@@ -144,11 +164,12 @@ def _lookup(name: str, rules: Mapping[str, Rule]) -> Rule | None:
 
 @functools.lru_cache(maxsize=4096)
 def _lookup_default(name: str) -> Rule | None:
-    return _lookup(name, RULES)  # RULES is read-only, so a name's rule never changes
+    return _lookup(name, {**RULES, **_DECLARED})  # cleared by declare(), the only change to either
 
 
 def explicit_rule(name: str, rules: Mapping[str, Rule] = RULES) -> Rule | None:
     """The rule ``rules`` declares for ``name`` (its exact name, else the most specific ``*`` pattern), or None.
+    With the default :data:`RULES`, what plug-ins :func:`declare` counts too.
 
     Lookups in :data:`RULES` are cached per name (a step's ~60 names resolve once per run).
     """

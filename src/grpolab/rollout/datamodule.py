@@ -17,16 +17,16 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from grpolab.config import GRPOConfig
-from grpolab.distributed import sum_floats_over_ranks
+from grpolab.distributed import reduce_floats_over_ranks
 from grpolab.handle import PolicyHandle
 from grpolab.rank_state import with_rollout_ranks
-from grpolab.rollout.adaptive import DriftRefresh
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engines.base import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer
 from grpolab.rollout.prompt_order import PromptOrder, check_split_sizes
 from grpolab.rollout.refresh import SyncRefresh, make_refresh
 from grpolab.rollout.resume import buffer_settings, resumable_state
+from grpolab.rollout.rules.base import RefreshRules
 from grpolab.rollout.sampler import SamplerPolicy
 from grpolab.rollout.settings import RolloutConfig
 
@@ -85,7 +85,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.prompts: PromptOrder | None = None
         self.refresh: SyncRefresh | None = None
         self.skipped_rows = {"train": 0, "val": 0}
-        self.drift_refresh = DriftRefresh(self.settings.max_drift if self.settings.refresh == "adaptive" else None)
+        self.rules = RefreshRules(self.settings.refresh_rules(cfg), self.buffer.schedule)  # rollout.refresh
 
     def connect(self, tokenizer: Any, models: PolicyHandle) -> None:
         """Hand over what is known only once the model spec is built: the tokenizer and the policy handle."""
@@ -128,14 +128,14 @@ class RolloutDataModule(L.LightningDataModule):
         """The minibatch for the coming optimizer step, refilling the buffer when it is used up."""
         step = int(self.trainer.global_step) if self.trainer is not None else 0
         self.refresh.rescore_reference(self.buffer.remaining())  # the module refreshed its reference since
-        reduce = partial(sum_floats_over_ranks, self.trainer.strategy) if self._rank_world()[1] > 1 else None
-        self.drift_refresh.before_step(step, self.buffer, self.models.drift, reduce)  # may end the buffer early
+        reduce = partial(reduce_floats_over_ranks, self.trainer.strategy) if self._rank_world()[1] > 1 else None
+        self.rules.before_step(step, self.buffer, self.models, reduce)  # may end the buffer early
         if self.buffer.needs_refresh():
             self.buffer.fill(self.refresh.refill(step, self.buffer.rounds))
         self.refresh.before_step(step, self.buffer, self.trainer.max_steps if self.trainer else None)
         mb = self.buffer.next(step)
         mb.metrics = {"time/rollout": self.refresh.time_rollout_s, "time/weight_sync": self.sampler.take_push_time(),
-                      "rollout/sampler_restarts": float(self.sampler.restarts), **self.drift_refresh.metrics()}
+                      "rollout/sampler_restarts": float(self.sampler.restarts), **self.rules.metrics()}
         return mb
 
     def _rank_world(self) -> tuple[int, int]:
@@ -159,14 +159,14 @@ class RolloutDataModule(L.LightningDataModule):
         return {"sampler_refreshes": int(self.buffer.rounds), **self.sampler.summary(),
                 "async_generation": self.settings.async_generation, **self.refresh.summary(),
                 **self.producer.summary(), **self.validation_producer.summary("val_", ("completions", "unscorable")),
-                "skipped_unscorable_rows": dict(self.skipped_rows), **self.drift_refresh.summary()}
+                "skipped_unscorable_rows": dict(self.skipped_rows), **self.rules.summary()}
 
     def state_dict(self) -> dict[str, Any]:
         """The parts' states and the buffer settings they were sampled under (under DDP/FSDP a collective)."""
         return with_rollout_ranks({
             "prompt_order": self.prompts.state_dict(), **self.buffer.state_dict(), **self.refresh.state_dict(),
             **self.sampler.state_dict(), "counters": dict(self.producer.counters),
-            "drift_refresh": self.drift_refresh.state_dict(), "settings": buffer_settings(self.cfg)})
+            **self.rules.state_dict(), "settings": buffer_settings(self.cfg)})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into the parts (after ``setup``), as this rank resumes it
@@ -176,5 +176,5 @@ class RolloutDataModule(L.LightningDataModule):
         self.buffer.load_state_dict(state, keep_minibatches=keep)
         self.refresh.load_state_dict(state, keep_in_flight=keep)
         self.sampler.load_state_dict(state, default_pushes=state["rounds"])
-        self.drift_refresh.load_state_dict(state.get("drift_refresh") or {}, saved_drift=state.get("drift"))
+        self.rules.load_state_dict(state)
         self.producer.counters.update(state.get("counters", {}))

@@ -234,9 +234,9 @@ class AsyncRefresh(SyncRefresh):
         """Launch the next buffer once the push delay is reached, then set the trainer's threads for this step.
 
         The schedule says when (:meth:`~grpolab.rollout.schedule.Schedule.push_delay`) and whether the run needs
-        a next buffer (:meth:`~grpolab.rollout.schedule.Schedule.next_buffer_needed`). If ``rollout.refresh=adaptive``
-        ends the current buffer early, the buffer launched here is handed over early (:meth:`refill`), and the
-        next launch takes the weights of that step.
+        a next buffer (:meth:`~grpolab.rollout.schedule.Schedule.next_buffer_needed`). If a refresh rule
+        (``rollout.refresh``) ends the current buffer early, the buffer launched here is handed over early
+        (:meth:`refill`), and the next launch takes the weights of that step.
         """
         self._resume_in_flight(step)
         schedule = buffer.schedule

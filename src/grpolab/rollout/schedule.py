@@ -8,7 +8,7 @@ With ``rollout.async_generation`` buffer r+1 is sampled in the background from t
 steps into buffer r, and the trainer's and sampler's threads share the cores until ``overlap_end``.
 
 :class:`Schedule` is the only place that computes these numbers: the buffer, the refresh strategies, the
-adaptive rule, the settings' checks and the memory plan ask it.
+refresh rules, the settings' checks and the memory plan ask it.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from hydra.utils import get_class
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
 from grpolab.rollout.engines.base import GenerationEngine
+from grpolab.rollout.rules.base import RefreshRule
 from grpolab.rollout.schedule import Schedule
 
 
@@ -39,15 +40,12 @@ class RolloutConfig:
             number of steps, never a timing, decides which steps run on how many threads, so a run stays
             bitwise reproducible (kernels' results can depend on the thread count). null = half the steps of a
             buffer, rounded up (k=10: 5); >= the steps of a buffer keeps the split for the whole buffer.
-        refresh: ``"steps"`` (a refresh every ``algo.steps_per_generation`` minibatches) or ``"adaptive"``: also
-            refresh early, at a minibatch boundary, once the measured policy/sampler drift passes ``max_drift``
-            (:meth:`~grpolab.rollout.datamodule.RolloutDataModule.next_minibatch`). With ``async_generation`` the
-            trainer then takes the buffer in flight and the sampler takes the current weights for the next one
-            (:mod:`grpolab.rollout.adaptive`).
-        max_drift: the drift bound of ``refresh=adaptive``, ``> 0``: the token-level total-variation estimate
-            ``0.5 * mean_t |pi / alpha - 1|`` over the completion tokens of the last trained minibatch, token-weighted
-            over ranks (``rollout/drift``).
-
+        refresh: the refresh rules (:mod:`grpolab.rollout.rules`), composed: the buffer refreshes early, at a
+            minibatch boundary, when any of them fires; ``algo.steps_per_generation`` stays the latest refresh. A dict
+            of ``_target_`` nodes by name (what ``rollout/refresh=[steps,drift,ess]`` composes from
+            ``conf/rollout/refresh/``), a list of them, or None (no rule: every k steps). The old spellings ``"steps"``
+            and ``"adaptive"`` (with ``max_drift``) still work: they are the ``steps`` and ``drift`` rules.
+        max_drift: the old spelling of the drift rule's bound, read with ``refresh="adaptive"`` only.
     Raises:
         ValueError: naming ``rollout.<key>``.
     """
@@ -56,7 +54,7 @@ class RolloutConfig:
     max_lag: int | None = None
     generation_timeout_s: float | None = None
     overlap_steps: int | None = None
-    refresh: str = "steps"
+    refresh: Any = None
     max_drift: float | None = None
 
     def validate(self, algo: GRPOConfig, engine: type[GenerationEngine]) -> RolloutConfig:
@@ -84,18 +82,7 @@ class RolloutConfig:
         if self.overlap_steps is not None and (isinstance(self.overlap_steps, bool)
                                                or not isinstance(self.overlap_steps, int) or self.overlap_steps < 1):
             raise ConfigError(f"rollout.overlap_steps must be null or an integer >= 1, got {self.overlap_steps!r}")
-        if self.refresh not in ("steps", "adaptive"):
-            raise ConfigError(f"rollout.refresh must be steps or adaptive, got {self.refresh!r}")
-        if self.refresh == "adaptive":
-            if isinstance(self.max_drift, bool) or not isinstance(self.max_drift, int | float) or not self.max_drift > 0:
-                raise ConfigError(f"rollout.refresh=adaptive needs rollout.max_drift, a number > 0 (e.g. 0.05), got "
-                                 f"{self.max_drift!r}")
-            if algo.steps_per_generation < 2:
-                raise ConfigError("rollout.refresh=adaptive ends a buffer early, so it needs algo.steps_per_generation "
-                                 f">= 2 (the latest refresh), got {algo.steps_per_generation}")
-        elif self.max_drift is not None:
-            raise ConfigError("rollout.max_drift is read by rollout.refresh=adaptive only: set rollout.refresh=adaptive "
-                             "or rollout.max_drift=null")
+        self.refresh_rules(algo)  # built and checked once here; the data module builds its own
         if self.generation_timeout_s is not None and not self.generation_timeout_s > 0:
             raise ConfigError(f"rollout.generation_timeout_s must be > 0 or null, got {self.generation_timeout_s!r}")
         return self
@@ -103,6 +90,95 @@ class RolloutConfig:
     def schedule(self, algo: GRPOConfig) -> Schedule:
         """The buffer :class:`~grpolab.rollout.schedule.Schedule` of these settings with ``algo``'s k and i."""
         return Schedule(algo.steps_per_generation, algo.num_iterations, self.max_lag, self.overlap_steps)
+
+    def refresh_rules(self, algo: GRPOConfig) -> list[RefreshRule]:
+        """The refresh rules of ``rollout.refresh``, built from their ``_target_`` nodes and checked against the
+        schedule (a new list of new rules at every call).
+
+        Raises:
+            ConfigError: naming ``rollout.refresh.<name>[.<key>]`` (or the old spelling's key).
+        """
+        schedule = self.schedule(algo)
+        rules: dict[str, str] = {}
+        built = []
+        for where, key_prefix, node in self._rule_nodes():
+            rule = _build_rule(where, key_prefix, node, schedule)
+            if rule.may_end_early(schedule) and schedule.steps_per_generation < 2:
+                raise ConfigError(f"{where} ends a buffer early, so it needs algo.steps_per_generation >= 2 (the latest "
+                                  f"refresh), got {schedule.steps_per_generation}")
+            if rule.name in rules:
+                raise ConfigError(f"{rules[rule.name]} and {where} are both the refresh rule {rule.name!r} (their "
+                                  "metrics and checkpoint entries would mix): keep one")
+            rules[rule.name] = where
+            built.append(rule)
+        return built
+
+    def _rule_nodes(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(where, key prefix, node)`` of each rule: where names it in an error, the prefix its keys."""
+        refresh = self.refresh
+        if isinstance(refresh, str):
+            if refresh not in OLD_SPELLINGS:
+                raise ConfigError(f"rollout.refresh={refresh}: choose refresh rules with rollout/refresh=[{refresh}] (a "
+                                  "slash: the config group conf/rollout/refresh/, several at once in brackets), or the "
+                                  "old spellings rollout.refresh=steps or rollout.refresh=adaptive rollout.max_drift=D")
+            node: dict[str, Any] = {"_target_": OLD_SPELLINGS[refresh]}
+            if refresh == "adaptive":
+                if (isinstance(self.max_drift, bool) or not isinstance(self.max_drift, int | float)
+                        or not self.max_drift > 0):
+                    raise ConfigError(f"rollout.refresh=adaptive needs rollout.max_drift, a number > 0 (e.g. 0.05), got "
+                                      f"{self.max_drift!r} (new spelling: rollout/refresh=drift "
+                                      "rollout.refresh.drift.max_drift=0.05)")
+                return [("rollout.refresh=adaptive", "rollout.", {**node, "max_drift": self.max_drift})]
+        if self.max_drift is not None:
+            raise ConfigError("rollout.max_drift is read by rollout.refresh=adaptive only (the old spelling of "
+                              "rollout/refresh=drift rollout.refresh.drift.max_drift=D): set rollout.refresh=adaptive, "
+                              "or rollout.max_drift=null")
+        if isinstance(refresh, str):
+            return [(f"rollout.refresh={refresh}", "rollout.refresh.", node)]
+        if refresh is None:
+            return []
+        if isinstance(refresh, dict):
+            named = [(f"rollout.refresh.{k}", f"rollout.refresh.{k}.", v) for k, v in refresh.items() if v is not None]
+        elif isinstance(refresh, list):
+            named = [(f"rollout.refresh[{i}]", f"rollout.refresh[{i}].", v) for i, v in enumerate(refresh)]
+        else:
+            raise ConfigError(f"rollout.refresh must be refresh rules (rollout/refresh=[steps,drift]), got {refresh!r}")
+        for where, _, node in named:
+            if not isinstance(node, dict) or "_target_" not in node:
+                raise ConfigError(f"{where} is not a rule node with a _target_, got {node!r}: choose the rules with "
+                                  "rollout/refresh=[<name>,...] (conf/rollout/refresh/<name>.yaml), then set their keys")
+        return named
+
+
+# rollout.refresh=<old spelling> -> the rule it is now
+OLD_SPELLINGS = {"steps": "grpolab.rollout.rules.steps.EveryKSteps", "adaptive": "grpolab.rollout.rules.drift.DriftRefresh"}
+
+
+def _build_rule(where: str, key_prefix: str, node: dict[str, Any], schedule: Schedule) -> RefreshRule:
+    """One rule of ``rollout.refresh``, built and checked against ``schedule``.
+
+    Raises:
+        ConfigError: the target is not a :class:`RefreshRule`, or the rule refused its arguments (its message, which
+            names the key first, after ``key_prefix``).
+    """
+    target = node["_target_"]
+    try:
+        cls = get_class(str(target))
+    except Exception as err:  # Hydra raises ImportError or ValueError depending on what is missing
+        raise ConfigError(f"{where}._target_={target!r} is not an importable class ({err})") from err
+    if not (isinstance(cls, type) and issubclass(cls, RefreshRule)):
+        raise ConfigError(f"{where}._target_={target!r} is not a grpolab.rollout.rules.base.RefreshRule subclass")
+    try:
+        rule = cls(**{k: v for k, v in node.items() if k != "_target_"})
+    except TypeError as err:  # a key the rule does not take, or one it needs
+        raise ConfigError(f"{where}: {err}") from err
+    except ValueError as err:
+        raise ConfigError(f"{key_prefix}{err}") from err
+    try:
+        rule.check(schedule)
+    except ValueError as err:
+        raise ConfigError(f"{key_prefix}{err}") from err
+    return rule
 
 
 def split_rollout_config(rollout: dict[str, Any]) -> tuple[dict[str, Any], RolloutConfig]:

@@ -1,0 +1,1 @@
+"""Refresh rules: when the sampler takes new weights (:mod:`grpolab.rollout.rules.base`)."""
