@@ -18,17 +18,20 @@ pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU process
 
 
 ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]
+# drift past 1e-4 or an ESS below 1 - 1e-5: any step's move of the policy passes either, round-off neither
+RULES = ["rollout/refresh=[drift,ess]", "rollout.refresh.drift.max_drift=1e-4", "rollout.refresh.ess.min_ess=0.99999"]
 
 
 @pytest.mark.slow
-# async adaptive: a buffer in flight at the checkpoint, taken early on the ranks' averaged drift (plain async resume
-# is covered in one process by tests/rollout/test_async.py; the 2-process part is the same per-rank buffer state)
+# async rules: a buffer in flight at the checkpoint, taken early on the ranks' pooled drift or ESS, which each rank reads
+# from its own served minibatch (checkpointed per rank); plain async resume is covered in one process by
+# tests/rollout/test_async.py, the 2-process part is the same per-rank buffer state
 # reuse_anchor: resumed inside a minibatch's iterations: each rank's anchor log-probs (log pi_k at the minibatch's
 # first use, read by decoupled_ppo) come back from the checkpoint, its own, not rank 0's
-@pytest.mark.parametrize("rollout", [[], [*ASYNC, "rollout.refresh=adaptive", "rollout.max_drift=1e-4"],
+@pytest.mark.parametrize("rollout", [[], [*ASYNC, *RULES],
                                      ["algo.steps_per_generation=1", "algo.num_iterations=3",
                                       "algo.clip_mode=decoupled_ppo"]],
-                         ids=["hf", "async_adaptive", "reuse_anchor"])
+                         ids=["hf", "async_rules", "reuse_anchor"])
 def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollout):
     # k = 2, checkpoint after step 1: each rank is half-way through ITS OWN buffer (disjoint prompts). The
     # checkpoint must hold every rank's buffer, so the resumed run trains each rank on the same rows as the
@@ -58,9 +61,13 @@ def test_two_process_resume_inside_an_offpolicy_buffer_is_exact(tmp_path, rollou
         assert [row["uids"] for row in b] == [row["uids"] for row in a[1:]], f"rank {r} trained on other rows"
         wa, wb = _weights(full, r), _weights(resumed, r)
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    if "rollout.refresh=adaptive" in rollout:  # the ranks' averaged drift ended a buffer early, alike on resume
+    if RULES[0] in rollout:  # the ranks' pooled drift and ESS ended buffers early, alike on resume
         sa, sb = (json.loads((d / "summary.json").read_text()) for d in (full, resumed))
-        assert sa["drift_refreshes"] >= 1 and sb["drift_refresh_steps"] == sa["drift_refresh_steps"]
+        assert sa["drift_refreshes"] + sa["ess_refreshes"] >= 1
+        assert (sb["drift_refresh_steps"], sb["ess_refresh_steps"]) == (sa["drift_refresh_steps"], sa["ess_refresh_steps"])
+        # what the rules read at the first resumed step comes from each rank's own served minibatch in the checkpoint
+        for column in ("train/rollout/drift", "train/rollout/ess"):
+            assert mb[column].tolist() == ma.loc[mb.index, column].tolist(), column
     if not rollout:  # one process cannot take over two ranks' buffers: refused before any model, naming the way out
         single = [o for o in common if o not in ("trainer=ddp", "trainer.devices=2") and "callbacks.audit" not in o]
         cfg = compose_train_cfg(tmp_path / "single", [*FAST_OVERRIDES, *single,
