@@ -151,8 +151,18 @@ def closest_keys(cfg: DictConfig, key: str, n: int = 3) -> list[str]:
     return []
 
 
-def unknown_key_message(cfg: DictConfig, key: str, line: str) -> str:
-    """The sentence for an override ``line`` of a ``key`` that ``cfg`` (composed without it) does not have."""
+def unknown_key_message(cfg: DictConfig, key: str, line: str, config_dir: str | Path | None = None) -> str:
+    """The sentence for an override ``line`` of a ``key`` that ``cfg`` (composed without it) does not have: a key of a
+    config group option the run did not choose (``rollout.refresh.drift.max_drift`` without ``rollout/refresh=drift``)
+    names how to choose it; else the closest existing keys."""
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        group, option = "/".join(parts[:i]), parts[i]
+        chosen = OmegaConf.select(cfg, ".".join(parts[:i + 1]), default=None, throw_on_resolution_failure=False)
+        if config_dir is not None and chosen is None and (Path(config_dir) / group / f"{option}.yaml").is_file():
+            return (f"{key}: {'.'.join(parts[:i + 1])} is the option {option} of the config group {group}, which the run "
+                    f"did not choose: choose it with {group}={option} (or '{group}=[...,{option}]' beside others where "
+                    f"the group takes a list, as rollout/refresh), then set its keys")
     close = closest_keys(cfg, key)
     if close:
         return f"{key} is not a key of the config; did you mean {' or '.join(close)}?"
@@ -214,7 +224,7 @@ def unknown_overrides(config_dir: str | Path, config_name: str, argv: list[str])
                 del items[at[0]]
         else:
             return []
-    return [unknown_key_message(cfg, key, line) for key, line in found]
+    return [unknown_key_message(cfg, key, line, config_dir) for key, line in found]
 
 
 def missing_option_message(ex: Any) -> str:

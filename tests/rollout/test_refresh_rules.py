@@ -148,3 +148,15 @@ def test_bad_rule_settings_stop_before_any_model_naming_the_key(tmp_path, overri
 def test_the_data_module_names_no_rule():
     text = (REPO_ROOT / "src" / "grpolab" / "rollout" / "datamodule.py").read_text()
     assert not re.search(r"drift|\bess\b|adaptive|EveryKSteps|DriftRefresh|EssRefresh", text, re.IGNORECASE)
+
+
+def test_a_key_of_a_rule_not_chosen_says_how_to_choose_it():
+    from grpolab.cli import unknown_overrides  # what src/train.py checks first: one line, exit 2
+
+    [message] = unknown_overrides(REPO_ROOT / "conf", "train", ["rollout.refresh.drift.max_drift=0.1"])
+    assert message.startswith("rollout.refresh.drift.max_drift: rollout.refresh.drift is the option drift of the "
+                              "config group rollout/refresh, which the run did not choose: choose it with "
+                              "rollout/refresh=drift")
+    assert unknown_overrides(REPO_ROOT / "conf", "train", ["rollout/refresh=drift", "rollout.refresh.drift.max_drift=0.1"]) == []
+    [typo] = unknown_overrides(REPO_ROOT / "conf", "train", ["rollout/refresh=drift", "rollout.refresh.drift.max_drif=0.1"])
+    assert typo.endswith("did you mean rollout.refresh.drift.max_drift?")

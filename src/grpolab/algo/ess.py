@@ -1,12 +1,13 @@
 """The effective sample size (ESS) of importance weights, normalised to (0, 1].
 
-With importance weights ``w_j = pi(y_j) / alpha(y_j)`` of ``n`` samples drawn from the sampler alpha, Kish's effective
-sample size ``(sum_j w_j)^2 / sum_j w_j^2`` is the number of equally weighted samples whose average has the same
-variance as the weighted one (Kong, Liu and Wong 1994, "Sequential imputations and Bayesian missing data problems",
-JASA 89; Liu 1996, "Metropolized independent sampling", Statistics and Computing 6). Divided by ``n`` it lies in
-``(0, 1]``: 1 when every weight is equal (the policy is the sampler), ``1/n`` when one weight carries everything.
-Sequential Monte Carlo resamples when it falls below a threshold; "Stable Asynchrony: Variance-Controlled Off-Policy
-RL for LLMs" (arXiv 2602.17616) reports that it predicts collapse under stale rollouts in LLM RL.
+With importance weights ``w_j = pi(y_j) / alpha(y_j)`` of ``n`` samples drawn from the sampler alpha, the effective
+sample size ``(sum_j w_j)^2 / sum_j w_j^2`` (Kish 1965, "Survey Sampling"; for importance weights Kong, Liu and Wong
+1994, "Sequential imputations and Bayesian missing data problems", JASA 89, and Liu 1996, "Metropolized independent
+sampling", Statistics and Computing 6) is about the number of equally weighted samples whose average has the variance
+of the weighted one. Divided by ``n`` it lies in ``(0, 1]``: 1 when every weight is equal (the policy is the
+sampler), ``1/n`` when one weight carries everything. Sequential Monte Carlo resamples when it falls below a
+threshold; "Stable Asynchrony: Variance-Controlled Off-Policy RL for LLMs" (arXiv 2602.17616) reports that it predicts
+collapse under stale rollouts in LLM RL.
 
 The value is invariant to scaling every weight by one constant, so the weights are taken relative to the largest
 (``exp(log w - max log w)``, every term <= 1): a sequence's weight, a product over hundreds of tokens, overflows a
