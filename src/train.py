@@ -64,7 +64,9 @@ def main(cfg: DictConfig) -> float | None:
         if in_joblib_sweep():  # the launcher exits with it once every job has saved
             raise JobInterrupted(code)
         sys.exit(code)
-    return None if summary is None else summary.get("val_accuracy_end")
+    from grpolab.sweep_jobs import objective
+
+    return objective(summary)  # what a sweeper scores (hydra/sweeper=optuna): None fails the trial
 
 
 def _report_failure(cfg: DictConfig, failure: dict) -> None:

@@ -12,7 +12,8 @@ killed`` (started, nothing saved yet) or ``not started`` (in the grid of a ``mul
     python sweeps/sweep_status.py $S --csv sweeps/results/corrections_small_default.csv   # keep the results
 
 It then prints the rerun of each ``multirun.yaml``'s command into its own folder, which skips the finished jobs and
-resumes the interrupted ones, and the grid points no folder holds. ``--csv`` appends one row per job that finished
+resumes the interrupted ones, and the grid points no folder holds (an Optuna search, ``hydra/sweeper=optuna``,
+has no grid: its rerun continues the study). ``--csv`` appends one row per job that finished
 with every number it owes (``grpolab/run_files.py``: not interrupted or failed, ``trainer.max_steps`` steps, the final
 eval's score when ``final_eval.enabled``) to a results file: :data:`COLUMNS`, every ``test_``/``val_mean_at_<n>``
 score of its ``summary.json``, and one column per other key the grid varies, named by the key
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     if not grid:  # the grids the folder's multiruns were started with
         for multirun in multiruns:
             hydra = (yaml.safe_load(multirun.read_text()) or {})["hydra"]
+            if "optuna" in str(hydra.get("sweeper", {}).get("_target_", "")):  # a search: no grid to expect
+                continue
             params = [f"{k}={v}" for k, v in (hydra.get("sweeper", {}).get("params") or {}).items()]
             points += expand([*params, *hydra["overrides"]["task"]])
     missing = [p for p in points if not any(_matches(p, j["overrides"]) for j in jobs)]

@@ -90,6 +90,23 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
     return wrapped
 
 
+def objective(summary: dict | None) -> float | None:
+    """What ``src/train.py`` returns to a sweeper (``hydra/sweeper=optuna`` maximizes it): ``val_accuracy_end`` of a
+    finished run whose last validation is at its last step. None for a failed or interrupted run, and for one whose
+    end validation was cut short by a signal (its last validation is an earlier step's), so the search records a
+    failed trial rather than a score of another step.
+
+    Args:
+        summary: the run's ``summary.json`` (a skipped finished job's, read back), or None (a job that raised).
+    """
+    if not summary or summary.get("failed") or summary.get("interrupted"):
+        return None
+    history = summary.get("val_history") or []
+    if not history or history[-1].get("step") != summary.get("steps"):
+        return None
+    return summary.get("val_accuracy_end")
+
+
 class JobInterrupted(Exception):
     """A job of a ``hydra/launcher=joblib`` sweep stopped by a signal, its outputs saved: raised instead of
     ``sys.exit(code)``, because a loky worker that exits takes its sibling jobs down, mid-save. Hydra records it as
