@@ -71,7 +71,7 @@ def test_async_adaptive_resume_mid_buffer_is_exact(tmp_path):
     state = torch.load(ckpt, weights_only=False)["RolloutDataModule"]
     # after step 4: one minibatch of the buffer sampled at step 3 trained, the next buffer in flight from step 4
     assert state["position"] == 1 and state["in_flight"]["policy_version"] == 4
-    assert state["drift_refresh"]["steps"] == [3, 4]
+    assert state["refresh_rules"]["drift"]["steps"] == [3, 4]
     summary, resumed = _run(tmp_path / "resumed", *ADAPTIVE, *CHECKPOINTS, f"ckpt_path={ckpt}")
     for key in ("drift_refresh_steps", "sampler_refreshes", "unused_minibatches", "weight_syncs", "completions"):
         assert summary[key] == full_summary[key], key
