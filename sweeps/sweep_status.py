@@ -15,8 +15,11 @@ It then prints the rerun of each ``multirun.yaml``'s command into its own folder
 resumes the interrupted ones, and the grid points no folder holds (an Optuna search, ``hydra/sweeper=optuna``,
 has no grid: its rerun continues the study). ``--csv`` appends one row per job that finished
 with every number it owes (``grpolab/run_files.py``: not interrupted or failed, ``trainer.max_steps`` steps, the final
-eval's score when ``final_eval.enabled``) to a results file: :data:`COLUMNS`, every ``test_``/``val_mean_at_<n>``
-score of its ``summary.json``, and one column per other key the grid varies, named by the key
+eval's score when ``final_eval.enabled``) to a results file: :data:`COLUMNS` (``learning_rate``: the one the run
+trained at, from its ``summary.json``, also where the grid does not vary it), every final-eval score of its
+``summary.json`` (``test_``/``val_``: ``mean_at_<n>`` and its ``_se``, ``greedy_accuracy``, ``pass_at_<k>``), the
+final entropy of its training completions (``train_entropy_end``: the mean of ``metrics.csv``'s ``train/entropy``
+over the last 10 optimizer steps), and one column per other key the grid varies, named by the key
 (``algo.learning_rate``, ``model.warmstart.seed``): the record of a screen run over several days on machines that do
 not keep their folders. A row's key is (arm, seed, val_accuracy_start, grid values); a key the file holds with the
 same values is skipped, so a rerun of the export leaves the file as it was; a key it holds with other values, or two
@@ -43,12 +46,14 @@ SWEEPS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SWEEPS.parent / "src"))
 
 from grpolab.result_rows import cell, describe, duplicates, row_key  # noqa: E402
-from grpolab.run_files import read_config, run_status, write_csv  # noqa: E402
+from grpolab.run_files import read_config, run_status, train_tail_mean, write_csv  # noqa: E402
 from grpolab.sweep_resume import STATES, state_of  # noqa: E402
 
 COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
-           "async_generation", "drift_refreshes", "time_total_s")
-SCORE = re.compile(r"(test|val)_mean_at_\d+(_se)?")  # the final mean@n scores a job's summary.json holds
+           "async_generation", "drift_refreshes", "time_total_s", "learning_rate")
+# the final eval's scores a job's summary.json holds: mean@n and its SE, greedy accuracy, pass@k
+SCORE = re.compile(r"(test|val)_(mean_at_\d+(_se)?|greedy_accuracy|pass_at_\d+)")
+ENTROPY_END, ENTROPY_STEPS = "train_entropy_end", 10  # the final entropy: metrics.csv's train/entropy, last steps
 
 
 def config_grid(config: str, overrides: list[str]) -> dict[str, list[str]]:
@@ -131,10 +136,12 @@ KEY = ("arm", "seed", "val_accuracy_start")  # a row is one (arm, seed) from one
 
 def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: list[str] = ()) -> tuple[int, list[str]]:
     """Append a row to ``out`` for every job that finished with every number it owes (``job["status"]``) and whose
-    key (:data:`KEY` and the ``factors`` values) the file lacks: :data:`COLUMNS`, the job's mean@n scores
-    (``test_mean_at_16``, ``val_mean_at_16`` and their ``_se``) and one column per key of ``factors`` (the grid's
-    other swept keys, e.g. ``algo.learning_rate``) with the job's override. Columns the file lacks are added (its
-    older rows get blanks).
+    key (:data:`KEY` and the ``factors`` values) the file lacks: :data:`COLUMNS`, the job's final-eval scores
+    (:data:`SCORE`: ``test_mean_at_16``, ``val_mean_at_16`` and their ``_se``, ``test_greedy_accuracy``,
+    ``test_pass_at_<k>``), its final entropy (:data:`ENTROPY_END`) and one column per key of ``factors`` (the
+    grid's other swept keys, e.g. ``algo.learning_rate``) with the job's override. Columns the file lacks are added
+    (its older rows get blanks); a rerun of the export compares a key's rows on the file's columns only, so an
+    older file's rows are not refused for lacking the new ones.
 
     A key the file holds already with the same values is skipped (a rerun of the export leaves the file as it
     was); one it holds with other values, a key two job folders give, and a key the file holds twice are refused:
@@ -163,7 +170,8 @@ def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: 
         values = {f: job["overrides"].get(f, "") for f in factors}
         scores = {c: v for c, v in summary.items() if SCORE.fullmatch(c)}
         row = {"arm": arm_of(job["overrides"], first_key), **values,
-               **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores}
+               **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores,
+               ENTROPY_END: train_tail_mean(job["dir"], "train/entropy", ENTROPY_STEPS)}
         found.setdefault(row_key(row, names), []).append((f"job {job['dir']}", row))
     refused, added = [], 0
     for key in duplicates((k, place) for k, places in held.items() for place, _ in places):

@@ -49,3 +49,16 @@ def test_finished_with_every_number_it_owes(summary, reason):
     config = {"trainer": {"max_steps": 10}, "final_eval": {"enabled": True, "split": "test", "num_samples": 16}}
     assert run_files.unfinished_reason(summary, run_files.max_steps_of(config), run_files.owed_numbers(config)) == reason
     assert run_files.owed_numbers({"final_eval": {"enabled": False}}) == []
+
+
+def test_the_mean_of_the_last_steps_of_a_metrics_column(tmp_path):
+    """Issue 42 (item 3): the final entropy of a run's training completions, from metrics.csv's train rows only."""
+    assert run_files.train_tail_mean(tmp_path) is None  # no metrics.csv
+    lines = ["epoch,step,train/entropy,val/accuracy", "0,0,0.9,", "0,0,,0.25", "0,1,0.5,", "0,2,nan,", "0,3,0.3,",
+             "0,4,0.1,", "0,4,,0.5"]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    assert run_files.train_tail_mean(tmp_path, last=3) == pytest.approx((0.5 + 0.3 + 0.1) / 3)  # nan left out
+    assert run_files.train_tail_mean(tmp_path, last=10) == pytest.approx((0.9 + 0.5 + 0.3 + 0.1) / 4)
+    assert run_files.train_tail_mean(tmp_path, "train/reward") is None
+    (tmp_path / "metrics.csv").write_bytes(b"step,train/entropy\n\xff\xfe,0.1\n")
+    assert run_files.train_tail_mean(tmp_path) is None

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 from conftest import REPO_ROOT
 
@@ -117,3 +118,35 @@ def test_a_half_written_summary_is_a_job_not_finished_with_one_warning(tmp_path)
     warnings = [x for x in (res.stdout + res.stderr).splitlines() if str(job / "summary.json") in x]
     assert len(warnings) == 1 and "not finished" in warnings[0], res.stdout + res.stderr
     assert [(r["arm"], r["seed"]) for r in _rows(out)] == [("onpolicy", "0")]
+
+
+def test_a_row_holds_the_lr_greedy_accuracy_pass_at_k_and_final_entropy_and_older_files_stay_readable(tmp_path):
+    """Issue 42 (item 3): the lr a run trained at (a fixed override, not a grid key, was in no row), its final
+    greedy accuracy and pass@k beside mean@16, and the final entropy of its training completions (metrics.csv's
+    train/entropy over the last 10 optimizer steps) land in the row; a file written before them keeps its rows and
+    a rerun of the export leaves it as it was."""
+    sweep, out = tmp_path / "sweep", tmp_path / "results.csv"
+    job = _job(sweep, "0_onpolicy_0", "onpolicy", 0, _finished(0, 0.5, learning_rate=1e-4, test_greedy_accuracy=0.75,
+                                                                test_pass_at_4=0.8125, test_pass_at_16=0.9375,
+                                                                test_num_prompts=16, val_greedy_accuracy_end=0.5))
+    # 12 train rows (steps 0-11; the last 10 are steps 2-11, entropies 0.2 .. 1.1) and a validation row between
+    lines = ["epoch,step,train/entropy,val/accuracy"] + [f"0,{s},{0.1 * s:.1f}," for s in range(12)] + ["0,11,,0.5"]
+    (job / "metrics.csv").write_text("\n".join(lines) + "\n")
+    _job(sweep, "1_onpolicy_1", "onpolicy", 1, _finished(1, 0.625))  # an older run: none of them
+    res = _export(sweep, out)
+    assert res.returncode == 0 and "2 rows added" in res.stdout, res.stdout + res.stderr
+    new, old = _rows(out)
+    assert float(new["learning_rate"]) == 1e-4 and new["test_greedy_accuracy"] == "0.75"
+    assert (new["test_pass_at_4"], new["test_pass_at_16"]) == ("0.8125", "0.9375")
+    assert float(new["train_entropy_end"]) == pytest.approx(sum(0.1 * s for s in range(2, 12)) / 10)
+    assert "test_num_prompts" not in new and "val_greedy_accuracy_end" not in new  # the final eval's scores only
+    assert old["learning_rate"] == old["train_entropy_end"] == old["test_pass_at_16"] == ""
+    # a file written before the new columns: its rows are kept, the export adds none and changes nothing
+    legacy = tmp_path / "legacy.csv"
+    legacy.write_text("arm,seed,steps,test_mean_at_16,test_mean_at_16_se,val_accuracy_start,clip_mode,"
+                      "async_generation,drift_refreshes,time_total_s\nonpolicy,0,10,0.5,0.01,0.297,,,,12.5\n"
+                      "onpolicy,1,10,0.625,0.01,0.297,,,,12.5\n")
+    before = legacy.read_bytes()
+    res = _export(sweep, legacy)
+    assert res.returncode == 0 and f"0 rows added to {legacy}" in res.stdout, res.stdout
+    assert legacy.read_bytes() == before

@@ -222,7 +222,7 @@ def run_final_eval(cfg: DictConfig, module: GRPOModule, dm: RolloutDataModule, t
     # the validation producer samples the live policy (also when the training sampler owns a stale copy)
     result = final_eval(module.policy, dm.validation_producer, task, split=fe.split, num_samples=fe.num_samples,
                         max_prompts=fe.get("max_prompts"), batch_size=fe.batch_size, seed=fe.seed,
-                        should_stop=should_stop)
+                        should_stop=should_stop, ks=fe.get("ks"))
     result = {k: (None if isinstance(v, float) and v != v else v) for k, v in result.items()}  # NaN -> null
     result["final_eval_s"] = round(time.perf_counter() - t0, 2)
     if write:  # under DDP every rank scores (the same samples), rank 0 writes

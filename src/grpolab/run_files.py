@@ -108,6 +108,36 @@ def read_summary(run_dir: str | Path) -> tuple[dict | None, str | None]:
     return summary, problem
 
 
+METRICS = "metrics.csv"
+
+
+def train_tail_mean(run_dir: str | Path, column: str = "train/entropy", last: int = 10) -> float | None:
+    """The mean of ``column`` of the run's ``metrics.csv`` over its last ``last`` optimizer steps that log it (a
+    train row's ``step`` is the optimizer step minus 1; a resumed run's file holds every row, the set-aside ones
+    put back): e.g. the final entropy of the training completions. None without the file, the column or a finite
+    value in it; a file that cannot be read is None too (it is a side number, never the reason a row is refused)."""
+    path = Path(run_dir) / METRICS
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            if column not in (reader.fieldnames or []) or "step" not in (reader.fieldnames or []):
+                return None
+            by_step: dict[int, float] = {}
+            for row in reader:
+                try:
+                    step, value = int(float(row["step"])), float(row[column])
+                except (TypeError, ValueError):
+                    continue
+                if math.isfinite(value):
+                    by_step[step] = value
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return None
+    if not by_step:
+        return None
+    tail = sorted(by_step)[-last:]
+    return sum(by_step[s] for s in tail) / len(tail)
+
+
 def read_config(run_dir: str | Path) -> dict:
     """The run's composed config, ``.hydra/config.yaml`` (``{}`` without one or when it cannot be read)."""
     import yaml

@@ -15,7 +15,7 @@ notebook estimates from the seeds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,12 +47,20 @@ def check_final_eval(cfg: Any) -> None:
             raise ConfigError(f"final_eval.{key} must be an int >= 1, got {cfg[key]!r}")
     if cfg.get("max_prompts") is not None and not (isinstance(cfg.max_prompts, int) and cfg.max_prompts >= 1):
         raise ConfigError(f"final_eval.max_prompts must be null or an int >= 1, got {cfg.max_prompts!r}")
+    ks = cfg.get("ks")
+    if ks is not None:
+        items = list(ks) if not isinstance(ks, (str, int, float)) else None
+        bad = [k for k in items or [] if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= cfg.num_samples]
+        if not items or bad:
+            raise ConfigError(f"final_eval.ks must be null or a list of ints in [1, final_eval.num_samples="
+                              f"{cfg.num_samples}] (pass@k needs n >= k samples), got {ks!r}")
 
 
 @torch.no_grad()
 def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_samples: int = 16,
                max_prompts: int | None = None, batch_size: int = 64, seed: int = 2024,
-               correct_threshold: float = 1.0, should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+               correct_threshold: float = 1.0, should_stop: Callable[[], bool] | None = None,
+               ks: Sequence[int] | None = None) -> dict[str, Any]:
     """Score ``policy`` on ``split``: ``num_samples`` sampled completions per prompt, plus one greedy.
 
     Args:
@@ -68,14 +76,17 @@ def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_s
         seed: seeds the sampling RNG (the global RNG state is restored afterwards, so a resumed run is unaffected).
         correct_threshold: a sample is correct when its reward is at least this.
         should_stop: called after each batch (every rank calls it equally often); True stops the eval.
+        ks: the budgets of pass@k (each in [1, ``num_samples``]); ``num_samples`` itself is always one. pass@k is
+            the unbiased estimator of Chen et al. 2021 from the ``num_samples`` samples of each prompt
+            (:func:`grpolab.evaluation.metrics.pass_at_k`: ``1 - C(n-c, k) / C(n, k)``), averaged over prompts.
 
     Raises:
         FinalEvalStopped: when ``should_stop`` returned True (nothing is scored).
 
     Returns:
         ``{f"{split}_mean_at_{n}", f"{split}_mean_at_{n}_se", f"{split}_greedy_accuracy", f"{split}_num_prompts",
-        f"{split}_pass_at_{n}"}`` (floats; NaN stands for "not measurable") and ``per_prompt``: uid -> fraction
-        correct, for paired comparisons between runs on the same prompts.
+        f"{split}_pass_at_{k}"}`` for each k of ``ks`` and ``n`` (floats; NaN stands for "not measurable") and
+        ``per_prompt``: uid -> fraction correct, for paired comparisons between runs on the same prompts.
     """
     rows = select_rows(task, split, max_prompts)
     counters = dict(producer.counters)
@@ -98,7 +109,8 @@ def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_s
         policy.train(was_training)
         producer.counters.clear()
         producer.counters.update(counters)
-    out = summarize(records, num_samples, [num_samples], correct_threshold)
+    budgets = sorted({*(int(k) for k in (ks or ())), num_samples})
+    out = summarize(records, num_samples, budgets, correct_threshold)
     per_prompt: dict[str, list[float]] = {}
     for r in records:
         if not r["greedy"] and not math.isnan(r["reward"]):
@@ -107,7 +119,7 @@ def final_eval(policy: Any, producer: Any, task: Any, split: str = "test", num_s
     return {
         f"{split}_mean_at_{n}": out["accuracy"],
         f"{split}_mean_at_{n}_se": out["accuracy_stderr"],
-        f"{split}_pass_at_{n}": out[f"pass@{n}"],
+        **{f"{split}_pass_at_{k}": out[f"pass@{k}"] for k in budgets},
         f"{split}_greedy_accuracy": out.get("greedy_accuracy", math.nan),
         f"{split}_num_prompts": out["num_prompts"],
         "per_prompt": {uid: sum(v) / len(v) for uid, v in per_prompt.items()},
