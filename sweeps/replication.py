@@ -66,11 +66,12 @@ READINGS = {
     ("H1", "on par"): "on par with on-policy GRPO within the margin, as the field reports",
     ("H1", "inconclusive"): "neither a difference nor parity within the margin is shown; the intervals say what "
                             "remains possible",
-    ("H2", "better"): "fresh samples under the same window end above one-step-stale ones: the staleness costs "
-                      "accuracy, and `grpo_async`'s gain over on-policy GRPO is the window's, not the asynchrony's",
+    ("H2", "better"): "fresh samples under the same window end above one-step-stale ones: one step of staleness "
+                      "costs accuracy, and asynchrony adds nothing to the window but throughput",
     ("H2", "worse"): "one-step-stale samples under the window end above fresh ones: asynchrony helps beyond the "
                      "window",
-    ("H2", "on par"): "the window is the gain and one-step staleness is neutral within the margin",
+    ("H2", "on par"): "one step of staleness under the window is neutral within the margin: asynchrony neither "
+                      "adds to the window nor costs accuracy",
     ("H2", "inconclusive"): "the mechanism is not settled at 12 warm starts: neither a difference nor parity within "
                             "the margin; the intervals say what remains possible",
     ("H3", "better"): "the window against the previous step's policy (its masking of tokens that moved more than "
@@ -409,6 +410,51 @@ def readouts_block(missing_by_task: dict, tests: list[WarmStartTest]) -> str:
     return "\n".join(out)
 
 
+# The rerun's registered conclusions, re-read on the replication's readings (per task).
+CONCLUSIONS = (
+    ("the gain is the window, asynchrony is neutral", lambda v: v["H2"] == "on par" and v["H3"] == "better",
+     "H2 on par and H3 better"),
+    ("asynchrony helps beyond the window", lambda v: v["H2"] == "worse", "H2 worse"),
+    ("one step of staleness costs accuracy under the window", lambda v: v["H2"] == "better", "H2 better"),
+    ("on par with on-policy GRPO, as the field reports", lambda v: v["H1"] == "on par", "H1 on par"),
+    ("the window lifts on-policy GRPO", lambda v: v["H3"] == "better", "H3 better"),
+)
+
+
+def conclusions_block(tests: list[WarmStartTest], rerun_verdicts: dict) -> str:
+    """Markdown: per task, each registered conclusion (holds / does not hold), and whether each of the rerun's
+    readings (the run as the unit, ``rerun_verdicts[(task, name)]``) replicates with the warm start as the unit."""
+    by = {(t.task, t.name): t.verdict for t in tests}
+    if len({t for t, _ in by}) < len(TASKS) or "pending" in by.values():
+        return "Pending: the conclusions read both tasks' comparisons (after Holm over each family)."
+    out = []
+    for task in TASKS:
+        v = {name: by[(task, name)] for name, _, _ in COMPARISONS}
+        said = "; ".join(f"{what} ({rule}): **{'holds' if test(v) else 'does not hold'}**"
+                         for what, test, rule in CONCLUSIONS)
+        out.append(f"- {task}: {said}.")
+    out.append("")
+    out.append("| task | H | the rerun (3 warm starts x 5 seeds, the run as the unit) | the replication (12 fresh warm "
+               "starts x 2 seeds, the warm start as the unit) | |")
+    out.append("|---|---|---|---|---|")
+    for task in TASKS:
+        for name, _, _ in COMPARISONS:
+            old, new = rerun_verdicts.get((task, name), "-"), by[(task, name)]
+            out.append(f"| {task} | {name} | {old} | {new} | {'replicates' if old == new else 'does not replicate'} |")
+    return "\n".join(out)
+
+
+def rerun_verdicts(results_dir: Path) -> dict:
+    """The rerun's registered readings (``sweeps/stale_rerun.py``), by (task, comparison)."""
+    values, missing = {}, {}
+    for t in TASKS:
+        path = results_dir / f"stale_headline_{t}.csv"
+        values[t], missing[t] = stale_rerun.headline_values(stale_rerun.read_rows(path, stale_rerun.HEADLINE_KEY),
+                                                            where=str(path))
+    return {(r.task, r.name): r.verdict for r in stale_rerun.compare_tasks({t: values[t] for t in TASKS
+                                                                             if not missing[t]})}
+
+
 def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
     """Every generated block of the replication, by name, from the CSVs under ``results_dir``."""
     if not results_dir.is_dir():
@@ -423,6 +469,7 @@ def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
     complete = {t: values[t] for t in TASKS if not missing[t]}
     tests = analyse(complete)
     return {"edge": edge_block(cells, chosen, edge_missing), "results": results_block(values, missing, tests),
+            "conclusions": conclusions_block(tests, rerun_verdicts(results_dir)),
             "readouts": readouts_block(missing, readouts(complete, tests))}
 
 

@@ -114,7 +114,8 @@ def _folder(tmp_path, default_rows=None, multistep_rows=None, edge=True):
     """A results folder: the real stage 1 rows, an edge step that moves nothing, and the given replication rows."""
     results = tmp_path / "sweeps" / "results"
     results.mkdir(parents=True)
-    shutil.copy(RESULTS / "stale_tune_default.csv", results)
+    for name in ("stale_tune_default", "stale_headline_default", "stale_headline_multistep"):
+        shutil.copy(RESULTS / f"{name}.csv", results)
     if edge:
         _write(results / "replication_edge_default.csv",
                [_tune(a, 2e-4, s, 0.3, start="0.2734375") for a in rep.ARMS for s in rerun.TUNE_SEEDS])
@@ -173,6 +174,13 @@ def test_the_analysis_with_the_warm_start_as_the_unit_by_hand(tmp_path):
     assert rep.READOUT_WORDS["survives"] in text
     assert f"{rep.READOUT_WORDS['reverses']}; {rep.SHARPENING['reverses']}" in text
     assert "| H1 | `grpo_async` - `onpolicy` | final entropy |" in text and "lower entropy" in text
+    # the rerun's conclusions re-read, and each of its readings (the run as the unit) against the replication's
+    text = blocks["conclusions"]
+    assert "- default: the gain is the window, asynchrony is neutral (H2 on par and H3 better): **does not hold**" in text
+    assert "one step of staleness costs accuracy under the window (H2 better): **holds**" in text
+    assert "| default | H2 | better | better | replicates |" in text
+    assert "| multistep | H2 | on par | on par | replicates |" in text
+    assert "| multistep | H1 | better | on par | does not replicate |" in text
 
 
 def test_the_blocks_are_pending_until_every_row_is_in_and_the_page_markers_read_the_rows(tmp_path):
@@ -182,7 +190,7 @@ def test_the_blocks_are_pending_until_every_row_is_in_and_the_page_markers_read_
     assert "**default**: pending, 2 of the 72 runs not in `sweeps/results/replication_default.csv`." in blocks["results"]
     assert "**multistep**: pending, 72 of the 72 runs not in" in blocks["results"]
     assert "Holm" in blocks["results"] and "| H2 |" not in blocks["results"]
-    assert "**default**: pending" in blocks["readouts"]
+    assert "**default**: pending" in blocks["readouts"] and blocks["conclusions"].startswith("Pending")
     # one task in: its table, the readings pending (Holm spans both tasks)
     (results / "replication_default.csv").unlink()
     _write(results / "replication_default.csv", rows)
