@@ -143,3 +143,13 @@ def test_the_rerun_rows_give_the_reviewers_clustering():
     clustered = {k: v for k, v in comps.items() if k != ("multistep", "H2")}
     assert all(0.19 <= icc <= 0.34 and 6 <= runs <= 8.6 for icc, runs in clustered.values()), comps
     assert comps[("multistep", "H2")] == (0.0, 15.0)
+
+
+def test_the_pre_registration_quotes_the_scripts_tables():
+    """The power tables of the pre-registration (docs/results/stale_samples.md, committed before any replication
+    run) are the script's output on the checked-in rows, line for line: a change of the script or of the rows that
+    would change them fails here instead of editing a frozen plan."""
+    page = (REPO_ROOT / "docs" / "results" / "stale_samples.md").read_text()
+    section = page[page.index("## Pre-registered replication"):page.index("## Results of the pre-registered replication")]
+    missing = [ln for ln in _script_output().splitlines() if ln.strip() and ln not in section]
+    assert not missing, "the pre-registration does not quote these lines of the script's output:\n" + "\n".join(missing)
