@@ -135,6 +135,7 @@ def test_the_old_spellings_are_the_rules_they_name():
       "+rollout.refresh.more.min_ess=0.5"], r"rollout\.refresh\.ess and rollout\.refresh\.more are both the refresh rule 'ess'"),
     (["+rollout.refresh.drift.max_drift=0.1"], r"^rollout\.refresh\.drift is not a rule node with a _target_.*rollout/refresh="),
     (["+rollout.refresh.x._target_=grpolab.rollout.rules.base.RefreshRecord"], r"is not a grpolab\.rollout\.rules\.base\.RefreshRule"),
+    (["+rollout.refresh.x._target_=grpolab.rollout.rules.base.RefreshRule"], r"^rollout\.refresh\.x\._target_=.* has no name"),
     (["rollout.refresh=drift"], r"^rollout\.refresh=drift: choose refresh rules with rollout/refresh=\[drift\]"),
     (["rollout/refresh=drift", "rollout.max_drift=0.1"], r"^rollout\.max_drift is read by rollout\.refresh=adaptive only"),
 ])

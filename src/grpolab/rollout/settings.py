@@ -168,6 +168,9 @@ def _build_rule(where: str, key_prefix: str, node: dict[str, Any], schedule: Sch
         raise ConfigError(f"{where}._target_={target!r} is not an importable class ({err})") from err
     if not (isinstance(cls, type) and issubclass(cls, RefreshRule)):
         raise ConfigError(f"{where}._target_={target!r} is not a grpolab.rollout.rules.base.RefreshRule subclass")
+    if not cls.name:
+        raise ConfigError(f"{where}._target_={target!r} has no name: set the class attribute name (its metrics, "
+                          "summary keys and checkpoint entry go by it)")
     try:
         rule = cls(**{k: v for k, v in node.items() if k != "_target_"})
     except TypeError as err:  # a key the rule does not take, or one it needs

@@ -90,7 +90,9 @@ class RefreshRule:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", cls.name or ""):
+        if not cls.name:
+            return  # a base of other rules, which name themselves (a run refuses a rule without a name)
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", cls.name):
             raise TypeError(f"{cls.__name__}.name must be a lowercase name (letters, digits, _), got {cls.name!r}")
         declare({f"train/rollout/{cls.name}_refreshes": Rule("max"),
                  **{f"train/{metric}": rule for metric, rule in cls.metric_rules.items()}})
