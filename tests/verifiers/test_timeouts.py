@@ -5,7 +5,11 @@ math-verify's own ``signal.alarm`` timeout fails off the main thread; ours must 
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import pickle
+import subprocess
+import sys
 import threading
 import time
 
@@ -67,6 +71,41 @@ def test_thread_watchdog_cuts_a_slow_math_verify_comparison():
     assert out.rewards == [None, 1.0]
     assert out.num_timeouts == 1
     assert _wait_no_reward_threads(10.0)
+
+
+# The first calls of a fresh process that has just built (or, like a reward worker, unpickled) a MathVerifier:
+# regexes compiled during each call (math-verify compiles its extraction regexes on first use).
+_FIRST_CALLS = r"""
+import json, pickle, re, sys
+sys.path[:] = json.loads(sys.argv[1])
+if sys.argv[2] == "built":
+    from grpolab.verifiers.math import MathVerifier
+    verifier = MathVerifier()
+else:
+    verifier = pickle.loads(sys.stdin.buffer.read())
+compiler = getattr(re, "_compiler", None) or __import__("sre_compile")
+compile_pattern, compiled = compiler.compile, []
+compiler.compile = lambda *args: compiled.append(args[0]) or compile_pattern(*args)
+out = []
+for completion, gold in [(r"$\boxed{5}$", "5"), (r"$\boxed{\frac{3}{4}}$", "0.75"), ("so it is 7/8", r"\frac78")]:
+    del compiled[:]
+    out.append([completion, verifier([completion], answer=[gold]), len(compiled)])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("how", ["built", "unpickled"])
+def test_math_verify_set_up_is_paid_before_the_first_timed_call(how):
+    """math-verify's one-time set-up (its extraction regexes, compiled on first use: 0.1 s of CPU, seconds under
+    load) happens when a MathVerifier is built or unpickled (a reward worker, while it starts), not inside the
+    first reward call, which runs under the per-call time limit: under load it cut that call's plain answer
+    (the slow-comparison test above failed so, [None, None])."""
+    blob = pickle.dumps(MathVerifier()) if how == "unpickled" else b""
+    proc = subprocess.run([sys.executable, "-c", _FIRST_CALLS, json.dumps(sys.path), how], input=blob,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    for completion, rewards, regexes_compiled in json.loads(proc.stdout):
+        assert (completion, rewards, regexes_compiled) == (completion, [1.0], 0)
 
 
 # ----------------------------------------------------------------------------------------- worker processes

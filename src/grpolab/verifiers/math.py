@@ -33,6 +33,7 @@ import ast
 import logging
 import math
 import re
+import threading
 from functools import lru_cache
 from typing import Any
 
@@ -203,6 +204,38 @@ def _parse_gold(gold: str) -> tuple | None:
     return tuple(parsed)
 
 
+_warm_lock = threading.Lock()
+_warmed = False
+
+
+def _warm_up() -> None:
+    """Pay math-verify's one-time set-up in this process now, once: compiling its extraction regexes for
+    each of our configs, and the first LaTeX parses and sympy comparisons.
+
+    Called when a :class:`MathVerifier` is built or unpickled (a reward worker process unpickles it while
+    starting, before it reports ready), so the set-up is never inside the first *timed* reward call. There
+    it counted against :class:`~grpolab.verifiers.reward.Verifier`'s per-call ``timeout_s`` (about 0.1 s of
+    CPU, many times that on a loaded machine): the first completion of a process, and the first after each
+    worker restart, could be cut as a timeout although its answer is plain.
+    """
+    global _warmed
+    with _warm_lock:
+        if _warmed:
+            return
+        try:
+            for configs in (_GOLD_CONFIG, _BOX_CONFIG, _PRED_CONFIG):
+                get_extraction_regexes(configs)
+            for gold, pred, configs in (
+                (r"\frac{1}{2}", r"$\boxed{0.5}$", _BOX_CONFIG),
+                ("x^2+1", r"$\boxed{x^{2}+1}$", _BOX_CONFIG),
+                ("3", "so x = 3/1", _PRED_CONFIG),
+            ):
+                verify(list(_parse_gold(gold) or ()), _extract(pred, configs), timeout_seconds=None)
+        except Exception:  # a failed warm-up only leaves the set-up to the first call
+            log.debug("math-verify warm-up failed", exc_info=True)
+        _warmed = True
+
+
 def _normalize_box(content: str) -> str:
     """Canonical text of a boxed answer: trailing sentence period and percent sign dropped."""
     content = _TRAILING_PERIOD_RE.sub("", content.strip())
@@ -242,6 +275,11 @@ class MathVerifier:
         self.numeric_precision = numeric_precision
         self.strict = strict
         self.reject_hedges = reject_hedges
+        _warm_up()
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        _warm_up()  # in a reward worker process: while it starts, outside the per-call time limit
 
     def parse_gold(self, answer: str) -> tuple | None:
         """The parsed gold (math-verify objects), or ``None`` if it cannot be parsed."""
