@@ -119,7 +119,8 @@ def test_in_training_the_ess_is_one_where_the_sampler_is_the_policy_and_refreshe
     assert never["ess_refreshes"] == 0 and never["sampler_refreshes"] == 2
     # before step s the rule reads step s-1's minibatch: lag 0 (steps 1 and 5), lag 1 after step 0 (step 2), lags 2
     # and 3 after steps with a learning rate (steps 3 and 4)
-    assert math.isnan(m.loc[0, "train/rollout/ess"]) and m.loc[[1, 2, 5], "train/rollout/ess"].tolist() == [1.0] * 3
+    assert math.isnan(m.loc[0, "train/rollout/ess"]) and m.loc[[1, 2, 5], "train/rollout/ess"].tolist() == pytest.approx(
+        [1.0] * 3, abs=1e-7)  # round-off only: how much is the kernels' (AVX2, AVX-512) to decide
     assert (m.loc[[3, 4], "train/rollout/ess"] < 1 - 1e-5).all()
     tight = run_training(compose_train_cfg(tmp_path / "tight", [*common, "rollout.refresh.ess.min_ess=0.99999"]))
     t = pd.read_csv(tmp_path / "tight" / "metrics.csv").dropna(subset=["train/loss"]).set_index("step")
