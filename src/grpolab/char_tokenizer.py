@@ -152,3 +152,10 @@ def extend_hint(extra_chars: list[str], missing: list[str]) -> str:
     return (f"Add them to model.extra_chars (conf/model/tiny.yaml, or {example}; new "
             "characters get new ids, after the others, and a new warm start), or use a model with a real tokenizer "
             "(model=tiny_qwen, model=qwen0.5b)")
+
+
+def exported_policy_hint(path: str) -> str:
+    """The fix named when a run's exported tokenizer (``model.path``) cannot represent the data's characters."""
+    return (f"The tokenizer comes from model.path={path}: a run with model.extra_chars covering them exports one that "
+            "holds them (a policy/ exported by an earlier grpolab drops every space: evaluate its run's checkpoint "
+            "with ckpt_path= instead)")

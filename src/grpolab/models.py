@@ -39,6 +39,7 @@ from grpolab.char_tokenizer import (
     build_char_tokenizer,
     char_vocab,
     check_covers,
+    exported_policy_hint,
     extend_hint,
 )
 from grpolab.config_checks import check_local_folder
@@ -318,16 +319,12 @@ class TinyCharModel(PretrainedModel):
         self.arch = dict(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
                          num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
                          intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
-        self.seed = seed
-        self.cache_dir = cache_dir
-        self.warmstart = dict(warmstart) if warmstart else None
+        self.seed, self.cache_dir, self.warmstart = seed, cache_dir, dict(warmstart) if warmstart else None
         self.chars = char_vocab(extra_chars)
         self.extra_chars = self.chars[len(CHAR_VOCAB):]
 
     def load_tokenizer(self) -> Any:
-        if self.path:
-            return super().load_tokenizer()
-        return build_char_tokenizer(self.chars)
+        return super().load_tokenizer() if self.path else build_char_tokenizer(self.chars)
 
     def check_text(self, task: Any, tokenizer: Any, splits: dict[str, list[dict]] | None = None) -> None:
         """Refuse a prompt or gold answer with a character the character-level tokenizer cannot represent.
@@ -340,13 +337,8 @@ class TinyCharModel(PretrainedModel):
         Raises:
             VocabularyError: naming the split, the row and the character, and ``model.extra_chars``.
         """
-        if self.path:  # the folder's tokenizer: the run that exported it fixed its vocabulary
-            hint = (f"The tokenizer comes from model.path={self.path}: a run with model.extra_chars covering them "
-                    "exports one that holds them (a policy/ exported by an earlier grpolab drops every space: "
-                    "evaluate its run's checkpoint with ckpt_path= instead)")
-            check_covers(task, tokenizer, splits, lambda missing: hint)
-        else:
-            check_covers(task, tokenizer, splits, lambda missing: extend_hint(self.extra_chars, missing))
+        check_covers(task, tokenizer, splits, lambda missing: exported_policy_hint(self.path) if self.path  # its
+                     else extend_hint(self.extra_chars, missing))  # vocabulary was fixed by the run that exported it
 
     def stop_token_ids(self, tokenizer: Any) -> list[int]:
         if self.path:
@@ -364,8 +356,7 @@ class TinyCharModel(PretrainedModel):
         ws = dict(self.warmstart or {})
         # laid out as before warmstart.seed existed (top-level "seed"), so seed-0 entries already cached stay valid
         blob = json.dumps({"arch": self.arch, "seed": int(ws.pop("seed", 0)), "vocab": CHAR_SPECIALS + self.chars,
-                           "warmstart": ws or None,
-                           "train": [(r["prompt"], r["answer"]) for r in rows]},
+                           "warmstart": ws or None, "train": [(r["prompt"], r["answer"]) for r in rows]},
                           sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
