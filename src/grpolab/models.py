@@ -353,7 +353,7 @@ class TinyCharModel(PretrainedModel):
         ``warmstart`` settings (with its own ``seed``) and the task's training rows (prompt, answer). The run's
         ``seed`` is not in it: the warm start does not use it."""
         rows = task.splits()["train"] if task is not None else []
-        ws = dict(self.warmstart or {})
+        ws = {k: v for k, v in (self.warmstart or {}).items() if k != "patience"}  # a success is the same without it
         # laid out as before warmstart.seed existed (top-level "seed"), so seed-0 entries already cached stay valid
         blob = json.dumps({"arch": self.arch, "seed": int(ws.pop("seed", 0)), "vocab": CHAR_SPECIALS + self.chars,
                            "warmstart": ws or None, "train": [(r["prompt"], r["answer"]) for r in rows]},
