@@ -32,6 +32,10 @@ def main(cfg: DictConfig) -> float | None:
         from grpolab.malloc import apply_config
 
         apply_config(cfg)
+        from grpolab.preflight import import_plugins
+
+        import_plugins(cfg.get("imports") or [])  # and the working directory on the path, as training has it: a
+        # reward function of one's own (verifier.reward_funcs.<name>._target_=my_reward.reward) is found in both
         from grpolab.evaluation.evaluate import evaluate  # torch: after the override check
 
         return evaluate(cfg).get("accuracy")
