@@ -47,6 +47,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+def load_sweep_script(name: str):
+    """``sweeps/<name>.py`` as a module (the sweeps folder is scripts, not a package), loaded once per process."""
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "sweeps" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data`` (relative to the repository root): real public data, never copied into the repo."""

@@ -6,7 +6,6 @@ the unit on synthetic rows whose tests are computed here with scipy directly, th
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import re
 import shutil
@@ -16,24 +15,13 @@ import sys
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_sweep_script
 from scipy import stats as st
 from test_sweeps_notebook import compose_sweep, grid
 
-
-def _load(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "sweeps" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-rerun = _load("stale_rerun")
-rep = _load("replication")
-doc_tables = _load("doc_tables")
+rerun = load_sweep_script("stale_rerun")
+rep = load_sweep_script("replication")
+doc_tables = load_sweep_script("doc_tables")
 RESULTS = REPO_ROOT / "sweeps" / "results"
 
 

@@ -5,7 +5,6 @@ equal to what the script makes of the checked-in headline rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -13,22 +12,11 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_sweep_script
 from scipy import stats as st
 
-
-def _load(name):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "sweeps" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-power = _load("replication_power")
-registered = _load("replication")
+power = load_sweep_script("replication_power")
+registered = load_sweep_script("replication")
 
 
 def test_the_components_of_a_two_by_two_design_by_hand():

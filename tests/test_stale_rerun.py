@@ -5,7 +5,6 @@ with scipy directly, the results CSV it reads (sweeps/sweep_status.py --csv), an
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,21 +12,12 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_sweep_script
 from scipy import stats as st
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "sweeps" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-rerun = _load("stale_rerun")
-doc_tables = _load("doc_tables")
-report = sys.modules.get("report") or _load("report")
+rerun = load_sweep_script("stale_rerun")
+doc_tables = load_sweep_script("doc_tables")
+report = sys.modules.get("report") or load_sweep_script("report")
 
 
 def _tune_rows(values):
