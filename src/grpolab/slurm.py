@@ -96,6 +96,10 @@ def requeue(signum: int | None) -> bool:
     if signum not in REQUEUE_SIGNALS or not in_slurm_job() or os.environ.get("SLURM_PROCID", "0") != "0":
         return False
     jid = job_id()
+    # said before the call: SLURM signals the job's tasks as soon as it takes the requeue, so a line logged after
+    # `scontrol` returns may never be written (seen on a loaded machine)
+    log.warning("%s: SLURM job %s: last.ckpt saved, asking SLURM to requeue it (it resumes from last.ckpt)",
+                signal.Signals(signum).name, jid)
     try:
         res = subprocess.run(["scontrol", "requeue", str(jid)], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as ex:
@@ -105,5 +109,5 @@ def requeue(signum: int | None) -> bool:
         log.warning("scontrol requeue %s failed: %s; last.ckpt is saved, resume with ckpt_path", jid,
                     (res.stderr or res.stdout).strip().replace("\n", "; "))
         return False
-    log.warning("%s: SLURM job %s requeued; it resumes from last.ckpt", signal.Signals(signum).name, jid)
+    log.info("SLURM job %s requeued", jid)
     return True
