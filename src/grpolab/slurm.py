@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -88,6 +89,14 @@ def requeue(signum: int | None) -> bool:
     """After a requeue signal (USR1/USR2) inside SLURM, with the outputs written: ``scontrol requeue`` this job
     from rank 0 (``SLURM_PROCID`` 0). SLURM then ends every task of the job and starts it again from the top.
 
+    SLURM takes the requeue by ending every task of the job at once (SIGCONT, SIGTERM; SIGKILL after
+    ``KillWait``), this process and its ``scontrol`` child included, while ``scontrol`` is still returning: the
+    kill and the reply race (on the test cluster the kill came within 30 ms of the reply, often before it). So
+    SIGTERM is ignored from the call on, here and in ``scontrol`` (which inherits it): ``scontrol``'s answer is
+    read and this process ends by itself (exit 128 + ``signum``) with its log written, instead of dying with
+    ``scontrol`` mid-call (a requeue that SLURM took then read as a failed ``scontrol``, killed by SIGTERM).
+    When the requeue fails, SIGTERM's handler is restored.
+
     Returns:
         True when rank 0 asked SLURM to requeue (other ranks and other signals: False). A failed ``scontrol``
         (the job is not requeueable, no controller answers) is logged as one warning line and returns False:
@@ -96,18 +105,21 @@ def requeue(signum: int | None) -> bool:
     if signum not in REQUEUE_SIGNALS or not in_slurm_job() or os.environ.get("SLURM_PROCID", "0") != "0":
         return False
     jid = job_id()
-    # said before the call: SLURM signals the job's tasks as soon as it takes the requeue, so a line logged after
-    # `scontrol` returns may never be written (seen on a loaded machine)
     log.warning("%s: SLURM job %s: last.ckpt saved, asking SLURM to requeue it (it resumes from last.ckpt)",
                 signal.Signals(signum).name, jid)
+    # SLURM's SIGTERM for the requeue must not kill this process or scontrol before scontrol has answered
+    main = threading.current_thread() is threading.main_thread()  # signal.signal works in the main thread only
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main else None
     try:
         res = subprocess.run(["scontrol", "requeue", str(jid)], capture_output=True, text=True, timeout=60)
+        said = (res.stderr or res.stdout).strip().replace("\n", "; ")
+        failure = None if res.returncode == 0 else said or f"exit status {res.returncode}"
     except (OSError, subprocess.TimeoutExpired) as ex:
-        log.warning("scontrol requeue %s failed (%s); last.ckpt is saved, resume with ckpt_path", jid, ex)
+        failure = str(ex)
+    if failure is not None:
+        if main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        log.warning("scontrol requeue %s failed: %s; last.ckpt is saved, resume with ckpt_path", jid, failure)
         return False
-    if res.returncode != 0:
-        log.warning("scontrol requeue %s failed: %s; last.ckpt is saved, resume with ckpt_path", jid,
-                    (res.stderr or res.stdout).strip().replace("\n", "; "))
-        return False
-    log.info("SLURM job %s requeued", jid)
+    log.info("SLURM job %s requeued; this process ends now (SIGTERM ignored until it does)", jid)
     return True

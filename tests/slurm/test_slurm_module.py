@@ -3,7 +3,11 @@ job resumes from (SLURM's environment variables set as SLURM sets them)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -54,3 +58,46 @@ def test_a_requeued_job_resumes_from_its_own_last_ckpt_and_nothing_else(no_slurm
     assert slurm.resume_after_requeue(explicit).ckpt_path == "/elsewhere/step10.ckpt"
     ckpt.unlink()  # requeued before any checkpoint: start from scratch
     assert slurm.resume_after_requeue(_cfg(tmp_path)).ckpt_path is None
+
+
+# A stand-in for `scontrol` as SLURM behaves when it takes `scontrol requeue` from inside the job: every task of the job
+# gets SIGTERM at once (the caller and scontrol itself) while scontrol is still returning its answer.
+_SCONTROL_KILLED_BY_ITS_REQUEUE = """#!/bin/sh
+kill -TERM $PPID
+kill -TERM $$
+echo "requeued $2"
+"""
+_REQUEUE_IN_A_JOB = """
+import logging, signal, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+from grpolab import slurm
+print("returned", slurm.requeue(signal.SIGUSR1), flush=True)
+"""
+
+
+def _fake_scontrol(folder: Path, script: str) -> dict:
+    folder.mkdir(exist_ok=True)
+    (folder / "scontrol").write_text(script)
+    (folder / "scontrol").chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "81",
+            "SLURM_PROCID": "0", "PYTHONPATH": str(Path(slurm.__file__).parents[1])}
+
+
+def test_the_sigterm_that_slurm_answers_a_requeue_with_does_not_cut_scontrol_or_the_run(tmp_path):
+    """SLURM ends the job's tasks as soon as it takes the requeue, scontrol included: the run must read scontrol's
+    answer and end by itself with its log written (before: both died by SIGTERM mid-call, or scontrol's death read
+    as a failed requeue)."""
+    env = _fake_scontrol(tmp_path / "bin", _SCONTROL_KILLED_BY_ITS_REQUEUE)
+    res = subprocess.run([sys.executable, "-c", _REQUEUE_IN_A_JOB], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr)
+    assert "SLURM job 81 requeued" in res.stdout and "returned True" in res.stdout, res.stdout
+
+
+def test_a_failed_requeue_gives_sigterm_its_handler_back(no_slurm, tmp_path):
+    env = _fake_scontrol(tmp_path / "bin", "#!/bin/sh\necho 'Requested operation is presently disabled' >&2\nexit 1\n")
+    no_slurm.setenv("PATH", env["PATH"])
+    no_slurm.setenv("SLURM_JOB_ID", "81")
+    before = signal.getsignal(signal.SIGTERM)
+    assert slurm.requeue(signal.SIGUSR2) is False
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -9,6 +9,7 @@ import json
 import shlex
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,9 @@ def test_a_multirun_job_signalled_by_submitits_usr2_requeues_and_the_sweep_ends_
     step boundary, it requeues itself, resumes in the same sweep folder, and the sweep command ends with the
     uninterrupted run's weights."""
     require_cluster()
-    name = f"grpolab_usr2_{tmp_path.name[-12:]}"
+    # a name no other job has: test sessions side by side share the cluster and tmp_path's name is the same in each
+    # (one session's USR2 went to another session's job, which had resumed and finished: it then read FAILED, 140)
+    name = f"grpolab_usr2_{uuid.uuid4().hex[:12]}"
     cmd = train_cmd("hydra/launcher=slurm", *COMMON, "seed=0", f"hydra.sweep.dir={tmp_path / 'sweep'}",
                     f"hydra.launcher.name={name}")
     cmd.insert(2, "-m")
