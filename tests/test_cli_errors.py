@@ -32,6 +32,9 @@ CASES = {
                       ["algo.epsilonn is not a key of the config; did you mean algo.epsilon",
                        "trainer.zzzzqq is not a key of the config and no existing key is close to it",
                        "to add a new key write +trainer.zzzzqq=1"]),
+    "warmstart_patience": ("src/train.py", ["model.warmstart.patience=0"], {},
+                           ["train.py: error: model.warmstart.patience must be null (never stop early) or an "
+                            "integer >= 1 (evaluations without a gain), got 0"]),
     "eval_missing_data_path": ("src/eval.py", ["data=jsonl"], {}, ["eval.py: error: data.path is required"]),
     "traceback_env": ("src/eval.py", ["data=jsonl"], {"GRPOLAB_TRACEBACK": "1"}, []),  # the cheaper entry point
 }

@@ -46,6 +46,7 @@ from grpolab.config_checks import check_local_folder
 from grpolab.errors import ConfigError
 from grpolab.lora import AdapterDisabledReference, LoraAdapterConfig, apply_lora, is_peft
 from grpolab.random_init import check_init, random_from_architecture
+from grpolab.warmstart import check_patience
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ class TinyCharModel(PretrainedModel):
         self.arch = dict(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
                          num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
                          intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
-        self.seed, self.cache_dir, self.warmstart = seed, cache_dir, dict(warmstart) if warmstart else None
+        self.seed, self.cache_dir, self.warmstart = seed, cache_dir, check_patience(dict(warmstart) if warmstart else None)
         self.chars = char_vocab(extra_chars)
         self.extra_chars = self.chars[len(CHAR_VOCAB):]
 

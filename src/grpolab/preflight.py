@@ -67,6 +67,9 @@ def preflight(cfg: DictConfig) -> Checked:
             check_resume_steps(cfg.ckpt_path, OmegaConf.select(cfg, "trainer.max_steps"))
     engine_cls, engine_args, settings = resolve_rollout(OmegaConf.to_container(cfg.rollout, resolve=True), algo)
     lora = validate_lora(cfg.model.get("lora"), algo.ref_refresh_every)
+    from grpolab.warmstart import check_patience
+
+    check_patience(OmegaConf.to_container(cfg.model.warmstart) if cfg.model.get("warmstart") else None)
     check_trainer(cfg.trainer, export_lora=lora.enabled and bool(cfg.save_policy), engine=engine_cls)
     check_precision(cfg.trainer)  # 16-mixed: a GradScaler our manual clipping cannot see
     check_final_eval(cfg.get("final_eval"))

@@ -29,6 +29,22 @@ MIN_REL_IMPROVEMENT = 0.01  # what counts as an improvement: 1% above the best a
 # first steps from a random model, where accuracy grows by factors from ~1e-9, count as improving)
 
 
+def check_patience(warmstart: dict | None) -> dict | None:
+    """``warmstart``, after refusing a ``model.warmstart.patience`` that is not null or an int >= 1 (called when the
+    model's config is built, before any model).
+
+    Raises:
+        ConfigError: naming ``model.warmstart.patience`` and the value.
+    """
+    from grpolab.errors import ConfigError
+
+    value = (warmstart or {}).get("patience")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"model.warmstart.patience must be null (never stop early) or an integer >= 1 "
+                          f"(evaluations without a gain), got {value!r}")
+    return warmstart
+
+
 def stalled(history: list[float], patience: int | None) -> bool:
     """Whether the best of the last ``patience`` held-out accuracies is at most :data:`MIN_REL_IMPROVEMENT`
     (relative) above the best before them. ``history[0]`` is the accuracy before training; ``None``: never."""
