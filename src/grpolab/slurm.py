@@ -30,6 +30,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from grpolab.sweep_resume import checkpoint_step, set_aside_metrics
+
 log = logging.getLogger(__name__)
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -64,24 +66,43 @@ def restart_count() -> int:
 
 def requeued_ckpt_path(cfg: DictConfig) -> Path | None:
     """The ``last.ckpt`` a requeued job resumes from: its own run folder's (the ``callbacks.model_checkpoint``
-    dirpath, else ``<paths.output_dir>/checkpoints``) when the job was requeued, ``ckpt_path`` is not set and the
-    file exists; None otherwise."""
-    if restart_count() <= 0 or cfg.get("ckpt_path"):
+    dirpath, else ``<paths.output_dir>/checkpoints``) when the job was requeued (``SLURM_RESTART_COUNT`` > 0) and the
+    file exists; None otherwise (a first start, or requeued before its first checkpoint).
+
+    A job started with ``ckpt_path=`` (a warm resume from another run) and then requeued resumes from its own
+    ``last.ckpt`` as well when that one has trained at least as many steps (issue 39, item 3: before, it went back
+    to the original checkpoint and trained the allocation's steps again; a job longer than one allocation never
+    ended). None when ``ckpt_path`` already names that file (a multirun rerun set it)."""
+    if restart_count() <= 0:
         return None
     dirpath = OmegaConf.select(cfg, "callbacks.model_checkpoint.dirpath", default=None)
     ckpt_dir = Path(dirpath) if dirpath else Path(cfg.paths.output_dir) / "checkpoints"
     path = ckpt_dir / "last.ckpt"
-    return path if path.is_file() else None
+    if not path.is_file():
+        return None
+    given = cfg.get("ckpt_path")
+    if not given:
+        return path
+    given = Path(str(given)).expanduser()
+    if given.is_file() and (given.resolve() == path.resolve() or checkpoint_step(given) > checkpoint_step(path)):
+        return None
+    return path
 
 
 def resume_after_requeue(cfg: DictConfig) -> DictConfig:
     """In a requeued SLURM job, set ``cfg.ckpt_path`` to the run folder's ``last.ckpt`` (see
-    :func:`requeued_ckpt_path`), in place, before the config is checked. Returns ``cfg``."""
+    :func:`requeued_ckpt_path`), in place, before the config is checked, and set the first allocations'
+    ``metrics.csv`` rows aside so they are put back in front of this allocation's when the run ends (Lightning's CSV
+    logger starts its file anew: :func:`grpolab.sweep_resume.set_aside_metrics`, issue 39 item 4). Returns ``cfg``."""
     path = requeued_ckpt_path(cfg)
     if path is not None:
+        before = cfg.get("ckpt_path")
         with open_dict(cfg):
             cfg.ckpt_path = str(path)
-        log.warning("SLURM job %s requeued (restart %d): resuming from %s", job_id(), restart_count(), path)
+        step = checkpoint_step(path)
+        set_aside_metrics(Path(cfg.paths.output_dir), step)
+        log.warning("SLURM job %s requeued (restart %d): resuming from %s (step %d)%s", job_id(), restart_count(),
+                    path, step, f", not from ckpt_path={before} it started from" if before else "")
     return cfg
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from grpolab import slurm
@@ -46,18 +47,51 @@ def test_the_requeued_id_of_an_array_task_is_array_underscore_task(no_slurm):
     assert slurm.job_id() == "55_2"
 
 
+def _ckpt(path: Path, step: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"global_step": step}, path)
+    return path
+
+
 def test_a_requeued_job_resumes_from_its_own_last_ckpt_and_nothing_else(no_slurm, tmp_path):
     cfg = _cfg(tmp_path)
-    ckpt = tmp_path / "checkpoints" / "last.ckpt"
-    ckpt.parent.mkdir()
-    ckpt.write_bytes(b"x")
+    ckpt = _ckpt(tmp_path / "checkpoints" / "last.ckpt", 12)
     assert slurm.resume_after_requeue(cfg).ckpt_path is None  # a first start (no SLURM_RESTART_COUNT)
     no_slurm.setenv("SLURM_RESTART_COUNT", "1")
     assert slurm.resume_after_requeue(cfg).ckpt_path == str(ckpt)
-    explicit = _cfg(tmp_path, ckpt_path="/elsewhere/step10.ckpt")  # the user's ckpt_path wins
-    assert slurm.resume_after_requeue(explicit).ckpt_path == "/elsewhere/step10.ckpt"
     ckpt.unlink()  # requeued before any checkpoint: start from scratch
     assert slurm.resume_after_requeue(_cfg(tmp_path)).ckpt_path is None
+
+
+def test_a_job_started_from_ckpt_path_and_requeued_resumes_from_its_own_progress(no_slurm, tmp_path):
+    """Issue 39 item 3: ``ckpt_path=`` names where the job started; after a requeue its own ``last.ckpt`` is
+    further on, and resuming from the original would train the allocation's steps again (for ever, for a job
+    longer than one allocation)."""
+    start = _ckpt(tmp_path / "elsewhere" / "step10.ckpt", 10)
+    no_slurm.setenv("SLURM_RESTART_COUNT", "2")
+    assert slurm.resume_after_requeue(_cfg(tmp_path, ckpt_path=str(start))).ckpt_path == str(start)  # none of its own
+    own = _ckpt(tmp_path / "checkpoints" / "last.ckpt", 25)
+    assert slurm.resume_after_requeue(_cfg(tmp_path, ckpt_path=str(start))).ckpt_path == str(own)
+    _ckpt(start, 40)  # a given checkpoint further on than a stale last.ckpt in the folder: the given one
+    assert slurm.resume_after_requeue(_cfg(tmp_path, ckpt_path=str(start))).ckpt_path == str(start)
+    assert slurm.resume_after_requeue(_cfg(tmp_path, ckpt_path=str(own))).ckpt_path == str(own)  # a rerun set it
+
+
+def test_a_requeued_single_run_keeps_its_first_allocations_metrics_rows(no_slurm, tmp_path):
+    """Issue 39 item 4: Lightning's CSV logger starts ``metrics.csv`` anew in the requeued allocation; the rows
+    before the checkpoint are set aside and put back in front of the new ones (rows after it are logged again)."""
+    from grpolab.sweep_resume import stitch_metrics
+
+    _ckpt(tmp_path / "checkpoints" / "last.ckpt", 3)
+    rows = ["step,train/loss,val/accuracy", "0,,0.25", *(f"{s},0.{s},"for s in range(5))]
+    (tmp_path / "metrics.csv").write_text("\n".join(rows) + "\n")
+    no_slurm.setenv("SLURM_RESTART_COUNT", "1")
+    slurm.resume_after_requeue(_cfg(tmp_path))
+    assert not (tmp_path / "metrics.csv").exists()
+    (tmp_path / "metrics.csv").write_text("step,train/loss\n3,0.3\n4,0.4\n")  # the second allocation's logger
+    stitch_metrics(tmp_path)  # src/train.py, when the run ends
+    got = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert got == ["step,train/loss,val/accuracy", "0,,0.25", "0,0.0,", "1,0.1,", "2,0.2,", "3,0.3,", "4,0.4,"]
 
 
 # A stand-in for `scontrol` as SLURM behaves when it takes `scontrol requeue` from inside the job: every task of the job
