@@ -38,6 +38,10 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from grpolab.sweep_jobs import JobInterrupted, stopped_sweep_code
+
+    if (code := stopped_sweep_code()) is not None:  # a joblib sweep stopped by a signal: a queued job does not start
+        raise JobInterrupted(code)
     with report_user_errors("train.py"):
         from grpolab.malloc import apply_config
 
@@ -57,8 +61,9 @@ def main(cfg: DictConfig) -> float | None:
         summary = task_wrapper(_train)(cfg)
     if summary is not None and summary.get("failed"):  # a sampler failure: outputs saved, one line, exit 1
         _report_failure(cfg, summary["failure"])
-    if summary is not None and summary.get("interrupted"):  # Ctrl-C / SIGTERM: outputs saved, exit 130 / 143
-        from grpolab.sweep_jobs import JobInterrupted, in_joblib_sweep
+    if summary is not None and (summary.get("interrupted") or summary.get("signal")):  # Ctrl-C / SIGTERM at any
+        # phase, after the last step too (so a sequential sweep stops too): 130 / 143
+        from grpolab.sweep_jobs import in_joblib_sweep
 
         code = 128 + signal.Signals[summary["signal"]]
         if in_joblib_sweep():  # the launcher exits with it once every job has saved
@@ -97,7 +102,7 @@ def _train(cfg: DictConfig) -> dict:
 
     done = resume_or_skip(cfg)  # a rerun multirun: a finished job is skipped, an interrupted one resumes
     if done is not None:
-        return done
+        return {**done, "signal": None}  # a stop recorded in its summary was an earlier process's, not this one's
     resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt (no-op if set above)
     checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
     from grpolab.run import run_training

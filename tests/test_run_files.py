@@ -44,6 +44,15 @@ def test_an_unreadable_summary_is_not_finished_with_one_line_naming_it(tmp_path)
     ({"steps": 7, "interrupted": False, "test_mean_at_16": 0.5}, "stopped short, 7 of 10 steps"),
     ({"steps": 10, "interrupted": False, "test_mean_at_16": None, "signal": "SIGTERM", "stopped_in": "final eval"},
      "finished training but has no number for test_mean_at_16 (final eval stopped by SIGTERM)"),
+    # issue 39 item 2: a stop in the final validation leaves val_accuracy_end at an earlier validation's number
+    ({"steps": 10, "interrupted": False, "test_mean_at_16": 0.5, "val_history": [{"step": 0}, {"step": 10}]}, None),
+    ({"steps": 10, "interrupted": False, "test_mean_at_16": None, "val_history": [{"step": 0}], "signal": "SIGINT",
+      "stopped_in": "final validation"},
+     "finished training but its last validation is at step 0, not at its last step 10 (final validation stopped by "
+     "SIGINT)"),
+    ({"steps": 10, "interrupted": False, "val_history": [], "signal": "SIGINT", "stopped_in": "final validation"},
+     "finished training but its last validation is missing, not at its last step 10 (final validation stopped by "
+     "SIGINT)"),
 ])
 def test_finished_with_every_number_it_owes(summary, reason):
     config = {"trainer": {"max_steps": 10}, "final_eval": {"enabled": True, "split": "test", "num_samples": 16}}

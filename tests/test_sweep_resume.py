@@ -196,16 +196,49 @@ def _status(sweep: Path) -> str:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_job_of_a_joblib_grid_at_a_step_boundary(tmp_path):
-    """Two jobs at once in loky workers (one process group with the launcher): Ctrl-C reaches both, each saves
-    last.ckpt and an interrupted summary, the sweep exits 130, and the rerun command resumes them."""
+def test_ctrl_c_stops_every_job_of_a_joblib_grid_at_a_step_boundary_and_starts_no_queued_one(tmp_path):
+    """Two jobs at once in loky workers (one process group with the launcher), a third queued: Ctrl-C reaches both
+    running jobs, each saves last.ckpt and an interrupted summary, the queued job does not start (issue 39 item 7:
+    it used to run to its end), the sweep exits 130, and the rerun command resumes them."""
     sweep = tmp_path / "sweep"
-    _sigint_when(["-m", "seed=0,1", "trainer.max_steps=1000", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                  f"hydra.sweep.dir={sweep}"], lambda: _trained(sweep, "*", 2), "the two jobs")
+    out = _sigint_when(["-m", "seed=0,1,2", "trainer.max_steps=1000", "hydra/launcher=joblib",
+                        "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}"], lambda: _trained(sweep, "[01]_*", 2),
+                       "the two jobs")
     for job in sorted(sweep.glob("[01]_*")):
         summary = json.loads((job / "summary.json").read_text())
         assert summary["interrupted"] is True and summary["signal"] == "SIGINT" and summary["steps"] > 0, job
         assert torch.load(job / "checkpoints" / "last.ckpt", map_location="cpu",
                           weights_only=False)["global_step"] == summary["steps"]
         assert job_state(job, 1000) == "interrupted"
+    queued = list(sweep.glob("2_*"))
+    assert not any((job / "metrics.csv").exists() or (job / "checkpoints").exists() for job in queued), out[-3000:]
+    assert all(job_state(job, 1000) in ("not started", "running or killed") for job in queued)
+    assert "not started: the sweep was stopped by a signal" in out or not queued, out[-3000:]
     assert "2 interrupted" in _status(sweep)
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_an_idle_joblib_worker_still_lets_the_running_job_save(tmp_path):
+    """Issue 39 item 1: a grid's tail (a worker idle beside a running job): Ctrl-C used to kill the idle worker in
+    loky's queue read, and loky then every worker as a broken pool, the running job mid-step (no last.ckpt, exit 1).
+    Now the idle worker records it; the running job saves and the sweep exits 130."""
+    sweep, idle_since = tmp_path / "sweep", []
+
+    def short_job_done_and_long_one_training() -> bool:  # the short job's worker idle for a second
+        if not idle_since:
+            log = next(iter(sweep.glob("0_*/train.log")), None)
+            if log is not None and "] done: " in log.read_text():
+                idle_since.append(time.monotonic())
+            return False
+        return time.monotonic() - idle_since[0] > 1 and _trained(sweep, "1_*", 1)
+
+    out = _sigint_when(["-m", "trainer.max_steps=2,1000", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                        f"hydra.sweep.dir={sweep}"], short_job_done_and_long_one_training, "the long job")
+    assert "KeyboardInterrupt" not in out, out[-3000:]  # the idle worker died of it, and loky killed the pool
+    short, long = (next(sweep.glob(f"{n}_*")) for n in (0, 1))
+    assert job_state(short, 2) == "finished"
+    summary = json.loads((long / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["signal"] == "SIGINT" and summary["steps"] > 0
+    assert torch.load(long / "checkpoints" / "last.ckpt", map_location="cpu",
+                      weights_only=False)["global_step"] == summary["steps"]
+    assert not list(long.glob("checkpoints/*.tmp*"))

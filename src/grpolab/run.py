@@ -104,8 +104,10 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
     during training, training stops at the next step boundary with ``checkpoints/last.ckpt``; during the start
     validation, nothing is trained (no checkpoint); in every case what follows is skipped. The summary's
     ``"interrupted"`` is true when training stopped before its end (``src/train.py`` then exits with 128 + the
-    signal number); a stop after the last training step (the final validation or eval) leaves a finished run:
-    ``"interrupted": false``, with ``"signal"`` and ``"stopped_in"`` saying what was cut short.
+    signal number); a stop after the last training step (the final validation or eval) leaves training complete:
+    ``"interrupted": false``, with ``"signal"`` and ``"stopped_in"`` saying what was cut short (the run is not
+    finished until those numbers are in: :func:`grpolab.run_files.run_status`; ``src/train.py`` exits with the
+    signal's status here too, so a sweep stops).
     """
     start = time.perf_counter()
     out = Path(cfg.paths.output_dir)
@@ -137,9 +139,10 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
         finally:
             dm.engine.close()
         if stop.signum and trained:
-            log.warning("%s (%s), after the last training step: the run is finished (summary.json "
-                        "\"interrupted\": false); score it with src/eval.py", signal.Signals(stop.signum).name,
-                        stop.stopped_in)
+            log.warning("%s (%s), after the last training step: training is complete (last.ckpt, summary.json "
+                        "\"interrupted\": false) but what the stop cut short has no number yet: a multirun's rerun "
+                        "finishes it from last.ckpt; score a single run with src/eval.py",
+                        signal.Signals(stop.signum).name, stop.stopped_in)
         summary = write_outputs(cfg, parts, final, module.clock.total(),
                                 interrupted=bool(stop.signum) and not trained)
     if summary["interrupted"] and trainer.is_global_zero:

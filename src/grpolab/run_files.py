@@ -193,9 +193,15 @@ def unfinished_reason(summary: Mapping | None, max_steps: int | None, owed: Sequ
         return f"failed at step {failure.get('step', steps)}: {failure.get('reason', 'see summary.json')}"
     if isinstance(max_steps, int) and max_steps >= 0 and int(steps or 0) < max_steps:
         return f"stopped short, {steps} of {max_steps} steps"
+    where = f" ({summary['stopped_in']} stopped by {summary.get('signal')})" if summary.get("stopped_in") else ""
+    history = summary.get("val_history") or []
+    last = history[-1].get("step") if history and isinstance(history[-1], Mapping) else None
+    if "val_history" in summary and last != steps and (history or summary.get("stopped_in")):
+        # val_accuracy_end would be an earlier step's number (a stop in the final validation)
+        at = f"at step {last}" if history else "missing"
+        return f"finished training but its last validation is {at}, not at its last step {steps}{where}"
     missing = [k for k in owed if not is_number(summary.get(k))]
     if missing:
-        where = f" ({summary['stopped_in']} stopped by {summary.get('signal')})" if summary.get("stopped_in") else ""
         return f"finished training but has no number for {', '.join(missing)}{where}"
     return None
 

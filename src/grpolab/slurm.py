@@ -70,9 +70,9 @@ def requeued_ckpt_path(cfg: DictConfig) -> Path | None:
     file exists; None otherwise (a first start, or requeued before its first checkpoint).
 
     A job started with ``ckpt_path=`` (a warm resume from another run) and then requeued resumes from its own
-    ``last.ckpt`` as well when that one has trained at least as many steps (issue 39, item 3: before, it went back
-    to the original checkpoint and trained the allocation's steps again; a job longer than one allocation never
-    ended). None when ``ckpt_path`` already names that file (a multirun rerun set it)."""
+    ``last.ckpt`` as well when that one has trained at least as many steps (from the original checkpoint it would
+    train the allocation's steps again, and a job longer than one allocation would never end). None when
+    ``ckpt_path`` already names that file (a multirun rerun set it)."""
     if restart_count() <= 0:
         return None
     dirpath = OmegaConf.select(cfg, "callbacks.model_checkpoint.dirpath", default=None)
@@ -93,7 +93,7 @@ def resume_after_requeue(cfg: DictConfig) -> DictConfig:
     """In a requeued SLURM job, set ``cfg.ckpt_path`` to the run folder's ``last.ckpt`` (see
     :func:`requeued_ckpt_path`), in place, before the config is checked, and set the first allocations'
     ``metrics.csv`` rows aside so they are put back in front of this allocation's when the run ends (Lightning's CSV
-    logger starts its file anew: :func:`grpolab.sweep_resume.set_aside_metrics`, issue 39 item 4). Returns ``cfg``."""
+    logger starts its file anew: :func:`grpolab.sweep_resume.set_aside_metrics`). Returns ``cfg``."""
     path = requeued_ckpt_path(cfg)
     if path is not None:
         before = cfg.get("ckpt_path")

@@ -129,3 +129,18 @@ def in_joblib_sweep() -> bool:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return False
     return "grpolab_joblib" in str(OmegaConf.select(HydraConfig.get(), "launcher._target_") or "")
+
+
+def stopped_sweep_code() -> int | None:
+    """In a job of a ``hydra/launcher=joblib`` sweep whose launcher got a signal before the job started: its exit
+    status (128 + the signal number), after one log line (the job trains nothing; a rerun of the same command runs
+    it). None otherwise (:mod:`grpolab.sweep_signals`)."""
+    from grpolab.sweep_signals import stopped_code
+
+    if not in_joblib_sweep():
+        return None
+    code = stopped_code(HydraConfig.get().sweep.dir)
+    if code is not None:
+        log.warning("sweep job %s not started: the sweep was stopped by a signal; rerun the same command to run it",
+                    Path(HydraConfig.get().runtime.output_dir).name)
+    return code

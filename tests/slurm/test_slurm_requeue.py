@@ -5,6 +5,7 @@ metrics. A job that fails for a real error is not requeued."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shlex
 import subprocess
@@ -67,6 +68,14 @@ def test_a_job_preempted_mid_run_requeues_resumes_and_ends_as_the_uninterrupted_
         assert summary[key] == ref[key], key
     got, want = load_file(run / "policy" / "model.safetensors"), load_file(reference / "policy" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    # every step's metrics row survives the requeue, once (issue 39 item 4: the first allocation's rows were lost)
+    assert _step_rows(run / "metrics.csv") == _step_rows(reference / "metrics.csv")
+
+
+def _step_rows(metrics: Path) -> list[tuple[int, str]]:
+    """(step, train/grad_norm) of each training row of a ``metrics.csv``."""
+    with metrics.open(newline="") as fh:
+        return [(int(float(r["step"])), r["train/grad_norm"]) for r in csv.DictReader(fh) if r.get("train/grad_norm")]
 
 
 def test_a_job_that_fails_for_a_config_error_is_not_requeued(tmp_path):

@@ -50,6 +50,8 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
+from grpolab.sweep_signals import pending_signal
+
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C; kill and SLURM; a terminal or ssh that drops
@@ -127,6 +129,10 @@ class StopOnSignal(L.Callback):
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.getsignal(s) for s in self.signals}
             self._install()
+        if (pending := pending_signal()) is not None:  # a joblib worker signalled while it built this job
+            log.warning("%s arrived while the job was starting: it stops at its first boundary",
+                        signal.Signals(pending).name)
+            self.request_stop(pending)
         return self
 
     def __exit__(self, *exc: object) -> None:

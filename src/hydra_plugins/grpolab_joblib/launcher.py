@@ -8,19 +8,29 @@ takes its worker down, and joblib the other workers with it, mid-save. :class:`J
 SIGINT/SIGTERM in the launcher process and waits for the jobs (the sweep ends with their exit status, 130 or 143);
 a second signal aborts at once, as in a single run. A signal sent to the launcher process alone (``kill <pid>``)
 is not passed on (a job would take it as the second one): send it to the group, ``kill -INT -<pgid>``.
+
+Idle workers (fewer jobs than workers: the tail of every grid) and workers still building their job record the
+signal instead of dying of it (a dead worker made loky kill every other one, mid-save), and no queued job starts
+after the first signal: :mod:`grpolab.sweep_signals`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher as _HydraJoblibLauncher
+from joblib import parallel as joblib_parallel
+from joblib._parallel_backends import LokyBackend
+
+from grpolab.sweep_signals import clear_stopped, mark_stopped, record_between_jobs
 
 log = logging.getLogger("grpolab")
 
@@ -28,13 +38,16 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def jobs_save_first() -> Iterator[None]:
-    """Within: the first SIGINT/SIGTERM is logged and otherwise ignored (the jobs got it too and save); a second
-    restores the previous handlers and is raised again (SIGINT: ``KeyboardInterrupt``). Main thread only."""
+def jobs_save_first(on_first: Callable[[int], None] | None = None) -> Iterator[None]:
+    """Within: the first SIGINT/SIGTERM is logged, passed to ``on_first`` and otherwise ignored (the jobs got it too
+    and save); a second restores the previous handlers and is raised again (SIGINT: ``KeyboardInterrupt``). Main
+    thread only."""
     previous = {s: signal.getsignal(s) for s in SIGNALS}
 
     def handler(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if on_first is not None:
+            on_first(signum)
         log.warning("%s: the running jobs stop at their next step boundary and save last.ckpt; the sweep ends after "
                     "them (send it again to abort now)", name)
         for s in SIGNALS:
@@ -54,6 +67,19 @@ def jobs_save_first() -> Iterator[None]:
             signal.signal(s, h)
 
 
+@contextlib.contextmanager
+def workers_record_signals() -> Iterator[None]:
+    """Within: joblib's ``"loky"`` backend (what Hydra's launcher asks for by name) starts every worker with
+    :func:`~grpolab.sweep_signals.record_between_jobs` as loky's ``initializer``."""
+    backends = joblib_parallel.BACKENDS
+    previous = backends["loky"]
+    backends["loky"] = functools.partial(LokyBackend, initializer=record_between_jobs)
+    try:
+        yield
+    finally:
+        backends["loky"] = previous
+
+
 class JoblibLauncher(_HydraJoblibLauncher):
     """``hydra_plugins.hydra_joblib_launcher``'s launcher (the same keys: ``n_jobs``, ``backend``, ...) whose
     launcher process waits for its jobs on the first SIGINT/SIGTERM (:func:`jobs_save_first`)."""
@@ -63,11 +89,13 @@ class JoblibLauncher(_HydraJoblibLauncher):
         rather than exit, so its worker stays up while the others save), exit with its status once all returned."""
         from grpolab.sweep_jobs import JobInterrupted
 
-        with jobs_save_first():
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        clear_stopped(sweep_dir)  # this launch runs every job it has
+        with jobs_save_first(functools.partial(mark_stopped, sweep_dir)), workers_record_signals():
             results = super().launch(job_overrides, initial_job_idx)
         codes = [r._return_value.code for r in results if isinstance(r._return_value, JobInterrupted)]
         if codes:
-            log.warning("%d of %d jobs stopped on a signal and saved last.ckpt; rerun the same command to resume them",
-                        len(codes), len(results))
+            log.warning("%d of %d jobs stopped on a signal (those that had started saved last.ckpt; the queued ones "
+                        "did not start); rerun the same command to resume them", len(codes), len(results))
             sys.exit(max(codes))
         return results
