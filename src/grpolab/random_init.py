@@ -8,12 +8,12 @@ weights from transformers' own initialisation under ``seed``; nothing is read fr
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from typing import TYPE_CHECKING, Any
 
 from grpolab.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 INITS = ("pretrained", "random")
 
@@ -57,6 +57,9 @@ def random_from_architecture(architecture: dict[str, Any], seed: int, dtype: tor
         (``tie_word_embeddings`` as given) and its ``generation_config`` derived from the config.
     """
     values = dict(architecture)
+    import torch  # here, not at the top: the config checks import this module and must not wait for torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     config = AutoConfig.for_model(values.pop("model_type", "qwen2"), **values)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.random.fork_rng(devices=[]):
