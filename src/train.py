@@ -98,22 +98,23 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
 def _train(cfg: DictConfig) -> dict:
     from grpolab.preflight import preflight
     from grpolab.slurm import resume_after_requeue
-    from grpolab.sweep_resume import resume_or_skip, stitch_metrics
+    from grpolab.sweep_resume import claim_job_folder, resume_or_skip, stitch_metrics
 
-    done = resume_or_skip(cfg)  # a rerun multirun: a finished job is skipped, an interrupted one resumes
-    if done is not None:
-        return {**done, "signal": None}  # a stop recorded in its summary was an earlier process's, not this one's
-    resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt (no-op if set above)
-    checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
-    from grpolab.run import run_training
-    from grpolab.sweep_jobs import check_cores
+    with claim_job_folder(cfg):  # a multirun job's folder: its lock, and the settings that trained what is in it
+        done = resume_or_skip(cfg)  # a rerun multirun: a finished job is skipped, an interrupted one resumes
+        if done is not None:
+            return {**done, "signal": None}  # a stop recorded in its summary was an earlier process's
+        resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt (no-op if set above)
+        checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
+        from grpolab.run import run_training
+        from grpolab.sweep_jobs import check_cores
 
-    check_cores(cfg)  # hydra/launcher=joblib: jobs at once x torch threads <= cores, or one line says what to set
+        check_cores(cfg)  # hydra/launcher=joblib: jobs at once x torch threads <= cores, or one line says what to set
 
-    try:
-        return run_training(cfg, checked)
-    finally:
-        stitch_metrics(Path(cfg.paths.output_dir))  # a resumed job's metrics.csv: the rows before it, then its own
+        try:
+            return run_training(cfg, checked)
+        finally:
+            stitch_metrics(Path(cfg.paths.output_dir))  # a resumed job's metrics.csv: the rows before, then its own
 
 
 if __name__ == "__main__":

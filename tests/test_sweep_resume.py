@@ -126,9 +126,10 @@ def _interrupt_second_job(sweep: Path) -> None:
 
 
 def _files(job: Path) -> dict[str, tuple[int, bytes]]:
-    """Every file of a job folder but Hydra's and the log: (mtime_ns, content)."""
+    """Every file of a job folder but Hydra's, the log and the lock (the pid of the process that holds the folder
+    now): (mtime_ns, content)."""
     return {str(p.relative_to(job)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(job.rglob("*"))
-            if p.is_file() and ".hydra" not in p.parts and p.name != "train.log"}
+            if p.is_file() and ".hydra" not in p.parts and p.name not in ("train.log", ".run.lock")}
 
 
 @pytest.mark.slow

@@ -75,9 +75,14 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
         try:
             return fn(cfg)
         except Exception as ex:
+            from grpolab.run_identity import NotThisJob
+
             multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
             if not multirun:
                 raise
+            if isinstance(ex, NotThisJob):  # another run's folder: not started, nothing written there
+                log.error("job not started: %s", one_line(str(ex)))
+                return None
             out = Path(cfg.paths.output_dir)
             out.mkdir(parents=True, exist_ok=True)
             (out / "error.txt").write_text(traceback.format_exc())

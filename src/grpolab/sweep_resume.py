@@ -8,7 +8,8 @@ the name holds no time stamp). At the start of each job (:func:`resume_or_skip`,
 - **finished** (``summary.json`` with ``"interrupted": false``, not failed, ``steps`` >= ``trainer.max_steps`` and
   the final eval's score when ``final_eval.enabled``: :func:`grpolab.run_files.run_status`): the job
   logs one line and returns the saved summary, so the multirun counts it as a success; nothing in its folder is
-  written again except Hydra's own ``.hydra/*.yaml`` (the same composed config) and one line in ``train.log``.
+  written again except Hydra's own ``.hydra/*.yaml`` (the same composed config), one line in ``train.log``
+  and the pid in ``.run.lock`` (:mod:`grpolab.run_identity`).
 - **interrupted** (no finished summary, ``checkpoints/last.ckpt`` present: Ctrl-C, SIGTERM, a killed process
   after a periodic checkpoint): ``ckpt_path`` is set to that checkpoint, and the run resumes exactly (the same
   path as ``ckpt_path=...`` by hand). ``metrics.csv`` is kept whole: the rows before the checkpoint are set aside
@@ -22,6 +23,7 @@ A run that sets ``ckpt_path=`` itself, and a single run (not ``-m``), are left a
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 from pathlib import Path
@@ -75,6 +77,17 @@ def in_multirun() -> bool:
     from hydra.types import RunMode
 
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def claim_job_folder(cfg: DictConfig) -> contextlib.AbstractContextManager:
+    """In a multirun job: :func:`grpolab.run_identity.claim` of its folder (held while the job runs: a second
+    process given the same job, or a job whose folder was trained with other settings, is refused in one line);
+    a single run: nothing."""
+    if not in_multirun():
+        return contextlib.nullcontext()
+    from grpolab.run_identity import claim
+
+    return claim(cfg)
 
 
 def resume_or_skip(cfg: DictConfig) -> dict | None:
