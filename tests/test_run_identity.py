@@ -102,3 +102,60 @@ def test_a_rerun_with_other_weights_and_a_second_rerun_at_once_start_nothing(tmp
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=120)
+
+
+def test_a_renumbered_job_takes_over_its_old_folder_with_the_same_settings(tmp_path):
+    """Issue 39 item 8 (unit): the job's new folder ``2_<overrides>`` takes the files of ``1_<overrides>``, the same
+    job under its old number; a folder with other settings, or another job's, is left alone."""
+    sweep = tmp_path / "sweep"
+    old, other, new = sweep / "1_seed-0+lr-2e-4", sweep / "3_seed-0+lr-2e-4", sweep / "2_seed-0+lr-2e-4"
+    cfg = _cfg(tmp_path)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(old)
+    with claim(cfg):
+        (old / "summary.json").write_text("{}")
+        (old / "checkpoints").mkdir()
+        (old / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
+        (old / "train.log").write_text("first launch\n")
+    other.mkdir()
+    (other / IDENTITY).write_text(json.dumps({"hash": "0" * 16, "settings": {}}))  # another job's settings
+    (new / ".hydra").mkdir(parents=True)
+    (new / "train.log").write_text("this launch\n")
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(new)
+    with claim(cfg):
+        pass
+    assert not old.exists() and other.exists()
+    assert (new / "checkpoints" / "last.ckpt").read_bytes() == b"ckpt" and (new / "summary.json").exists()
+    assert (new / "train.log").read_text() == "this launch\n"
+    assert (new / "train.before_renumber.log").read_text() == "first launch\n"
+
+
+def test_two_sweeps_started_in_the_same_second_get_two_folders():
+    """Issue 39 item 9: the default sweep folder's time stamp has microseconds, as the single run's has."""
+    from omegaconf import OmegaConf
+
+    hydra = OmegaConf.load(REPO_ROOT / "conf" / "hydra" / "default.yaml")
+    assert OmegaConf.to_container(hydra)["sweep"]["dir"].endswith("%H-%M-%S-%f}")
+
+
+@pytest.mark.slow
+def test_a_grid_extended_by_a_seed_trains_none_of_its_finished_jobs_again(tmp_path):
+    """Issue 39 item 8, through Hydra's launcher: extending ``lr=a,b seed=0`` by ``seed=1`` renumbers (b, 0) from 1
+    to 2; it used to train again from scratch into a second folder."""
+    sweep = tmp_path / "sweep"
+    grid = ["-m", "algo.learning_rate=1e-4,2e-4", f"hydra.sweep.dir={sweep}"]
+    first = subprocess.run(_cmd(*grid, "seed=0"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (before,) = sweep.glob("1_seed-0+*0.0002*")
+    policy = (before / "policy" / "model.safetensors").read_bytes()
+    extended = subprocess.run(_cmd(*grid, "seed=0,1"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+                              timeout=600)
+    log = extended.stdout + extended.stderr
+    assert extended.returncode == 0, log[-3000:]
+    assert log.count("finished already") == 2 and "took over 1_seed-0+" in log, log[-3000:]
+    jobs = sorted(p.name.split("_", 1)[0] for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0", "1", "2", "3"]  # one folder per job, none left over
+    (after,) = sweep.glob("2_seed-0+*0.0002*")
+    assert (after / "policy" / "model.safetensors").read_bytes() == policy and job_state(after) == "finished"

@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator, Mapping
@@ -31,6 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpolab.errors import ConfigError
 from grpolab.run_files import write_json
+
+log = logging.getLogger("grpolab")
 
 IDENTITY = "run_identity.json"
 _HYDRA_RECORDS = ("config", "overrides")
@@ -125,8 +128,8 @@ def check_identity(out: Path, values: Mapping[str, Any]) -> None:
 
 @contextlib.contextmanager
 def claim(cfg: DictConfig) -> Iterator[None]:
-    """Around a multirun job: hold :data:`LOCK` in its folder (``cfg.paths.output_dir``) and check its identity
-    (:func:`check_identity`) while holding it.
+    """Around a multirun job: hold :data:`LOCK` in its folder (``cfg.paths.output_dir``), take over the folder the
+    same job had under another number (:func:`adopt_renumbered`) and check its identity (:func:`check_identity`).
 
     Raises:
         RunFolderBusy: another live process holds the folder's lock.
@@ -134,17 +137,76 @@ def claim(cfg: DictConfig) -> Iterator[None]:
     """
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock(out)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise RunFolderBusy(f"{out}: this job is running in another process (pid {owner}); not started twice. "
-                                "Wait for it, or stop it and rerun") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        check_identity(out, settings(cfg))
+        values = settings(cfg)
+        adopt_renumbered(out, values)
+        check_identity(out, values)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _lock(folder: Path) -> int:
+    """An open descriptor of ``folder``'s :data:`LOCK`, exclusively locked, with this pid in it.
+
+    Raises:
+        RunFolderBusy: another live process holds it.
+    """
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunFolderBusy(f"{folder}: this job is running in another process (pid {owner}); not started twice. "
+                            "Wait for it, or stop it and rerun") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def adopt_renumbered(out: Path, values: Mapping[str, Any]) -> Path | None:
+    """A grid extended after it ran (``seed=0`` -> ``seed=0,1``) gives its jobs new numbers, so a job's folder
+    ``<num>_<overrides>`` changes its number. When ``out`` is new (no :data:`IDENTITY`) and a sibling folder
+    ``<other num>_<same overrides>`` holds this job (the same settings by :data:`IDENTITY`), its files move into
+    ``out`` (Hydra's ``.hydra/`` of this launch kept; the sibling's log as ``train.before_renumber.log``) and the
+    sibling goes: the job is then skipped as finished or resumed, never trained again from scratch.
+
+    Returns:
+        The sibling taken over, or None.
+
+    Raises:
+        RunFolderBusy: the sibling is locked by a live process.
+    """
+    if (out / IDENTITY).exists() or "_" not in out.name:
+        return None
+    suffix = out.name.split("_", 1)[1]
+    for sibling in sorted(out.parent.glob(f"*_{suffix}")):
+        if sibling == out or not sibling.is_dir() or not sibling.name.split("_", 1)[0].isdigit():
+            continue
+        try:
+            recorded = json.loads((sibling / IDENTITY).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(recorded, dict) or recorded.get("hash") != identity_hash(values):
+            continue
+        fd = _lock(sibling)
+        try:
+            for kept in (sibling / ".hydra").glob("*.at_start.yaml"):  # what it was first trained with
+                (out / ".hydra").mkdir(exist_ok=True)
+                kept.replace(out / ".hydra" / kept.name)
+            for entry in sibling.iterdir():
+                if entry.name in (".hydra", LOCK):
+                    continue
+                target = out / ("train.before_renumber.log" if entry.name == "train.log" else entry.name)
+                if target.exists():
+                    shutil.rmtree(target) if target.is_dir() else target.unlink()
+                entry.replace(target)
+        finally:
+            os.close(fd)
+        shutil.rmtree(sibling)
+        log.warning("sweep job %s: the grid's jobs were renumbered (extended?); took over %s, the same job (same "
+                    "settings)", out.name, sibling.name)
+        return sibling
+    return None
