@@ -4,7 +4,11 @@
 #
 #   scripts/slurm_local.sh start    # apt-get install slurm-wlm munge if missing; munged, slurmctld, slurmd
 #   scripts/slurm_local.sh status   # sinfo; exit 0 when the node takes jobs
-#   scripts/slurm_local.sh stop     # stop the three daemons this script started
+#   scripts/slurm_local.sh stop     # stop the daemons this script started (and cancel the cluster's jobs)
+#
+# An optional owner token (`start ci-123` ... `stop ci-123`; default `manual`) is recorded when start launches the
+# daemons; stop stops them only for the same token (`stop --force`: whoever started them), so a script that found
+# a cluster already running (another session's, another CI run's) leaves it and its jobs alone when it stops.
 #
 # The node is this machine (`hostname -s`) with its CPUs and memory, in one partition, `debug` (default).
 # Containers have no cgroup control for SLURM, so processes are tracked by the process tree
@@ -86,8 +90,10 @@ start() {
     if id munge >/dev/null 2>&1; then runuser -u munge -- /usr/sbin/munged; else /usr/sbin/munged --force; fi
     touch "$STATE/munged.ours"
   fi
-  running "$STATE/slurmctld.pid" || slurmctld -i
-  running "$STATE/slurmd.pid" || slurmd
+  local started=""
+  running "$STATE/slurmctld.pid" || { slurmctld -i; started=1; }
+  running "$STATE/slurmd.pid" || { slurmd; started=1; }
+  [ -z "$started" ] || echo "${1:-manual}" > "$STATE/started_by"
   for _ in $(seq 1 60); do
     if sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
       echo "slurm_local.sh: one-node cluster up: $(sinfo -h -o '%P %D %c cpus %m MB %t')"; return 0
@@ -106,13 +112,20 @@ stop_pid() {  # stop_pid <pidfile> <name>
 }
 
 stop() {
-  squeue -h -o %i 2>/dev/null | xargs -r scancel --quiet 2>/dev/null || true   # every job, whoever submitted it
+  local token="${1:-manual}" owner
+  owner="$(cat "$STATE/started_by" 2>/dev/null || echo "<no token recorded>")"
+  if [ "$token" != "--force" ] && [ "$owner" != "$token" ]; then
+    echo "slurm_local.sh: the cluster was started by $owner, not $token: left running (stop --force stops it)"
+    return 0
+  fi
+  squeue -h -o %i 2>/dev/null | xargs -r scancel --quiet 2>/dev/null || true   # its jobs end with its daemons
   stop_pid "$STATE/slurmd.pid" slurmd
   stop_pid "$STATE/slurmctld.pid" slurmctld
   if [ -f "$STATE/munged.ours" ]; then
     stop_pid /run/munge/munged.pid munged
     rm -f "$STATE/munged.ours"
   fi
+  rm -f "$STATE/started_by"
   echo "slurm_local.sh: stopped"
 }
 
@@ -122,8 +135,8 @@ status() {
 }
 
 case "${1:-}" in
-  start) start ;;
-  stop) stop ;;
+  start) start "${2:-}" ;;
+  stop) stop "${2:-}" ;;
   status) status ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac

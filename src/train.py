@@ -21,6 +21,7 @@ traceback (see docs/guide/training.md, "Errors").
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -88,7 +89,8 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
             HydraConfig.get().sweep.dir, ckpt or "the last periodic checkpoint")
         return
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("ckpt_path=")]
-    resume = (f"; saved {ckpt}; resume with: python src/train.py {' '.join(overrides)} ckpt_path={ckpt}" if ckpt
+    command = shlex.join(["python", "src/train.py", *overrides, f"ckpt_path={ckpt}"])  # pasted into a shell as is
+    resume = (f"; saved {ckpt}; resume with: {command}" if ckpt
               else "; no checkpoint saved at the failure: resume from the last periodic one in checkpoints/")
     print(f"train.py: error: the sampler failed after step {failure['step']}: {failure['reason'][:300]}{resume} "
           f"(summary.json has the traceback)", file=sys.stderr, flush=True)

@@ -29,3 +29,5 @@ def test_a_multirun_job_is_its_number_then_its_overrides():
     assert dirname_suffix("") == ""
     assert dirname_suffix("data.path-../x/y.jsonl") == "_data.path-..~x~y.jsonl"  # never a nested folder
     assert len(dirname_suffix("a-" + "b" * 500)) <= 201
+    long_a, long_b = (dirname_suffix("a-" + "b" * 300 + end) for end in ("+c-1", "+c-2"))  # alike up to the cut
+    assert long_a != long_b and len(long_a) == len(long_b) == 201 and long_a[:192] == long_b[:192]

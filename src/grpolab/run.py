@@ -23,7 +23,8 @@ from grpolab.config import GRPOConfig
 from grpolab.config_checks import checkpoint_cadence_warning
 from grpolab.distributed import sum_over_ranks
 from grpolab.evaluation.final import FinalEvalStopped, final_eval
-from grpolab.lora import count_parameters, save_policy
+from grpolab.lora import count_parameters
+from grpolab.lora import save_policy as save_policy_files
 from grpolab.module import GRPOModule
 from grpolab.plan.from_config import plan_summary
 from grpolab.preflight import Checked, preflight
@@ -31,7 +32,7 @@ from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.sampler_failure import SamplerFailure
 from grpolab.run_files import write_json
-from grpolab.slurm import requeue, requeue_signals
+from grpolab.slurm import requeue, requeue_signals, will_requeue
 
 log = logging.getLogger("grpolab")
 
@@ -143,8 +144,10 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
                         "\"interrupted\": false) but what the stop cut short has no number yet: a multirun's rerun "
                         "finishes it from last.ckpt; score a single run with src/eval.py",
                         signal.Signals(stop.signum).name, stop.stopped_in)
+        # a SLURM requeue: summary.json only, within the signal's grace period (the resumed run writes policy/)
+        requeueing = bool(stop.signum) and not trained and will_requeue(stop.signum)
         summary = write_outputs(cfg, parts, final, module.clock.total(),
-                                interrupted=bool(stop.signum) and not trained)
+                                interrupted=bool(stop.signum) and not trained, save_policy=not requeueing)
     if summary["interrupted"] and trainer.is_global_zero:
         log.warning("to continue this run: %s", resume_command(stop.ckpt_path))
     # SLURM's USR1/USR2 (rank 0): outputs saved, the job goes back to the queue; a run that finished stays done
@@ -170,9 +173,9 @@ def _phase(stop: StopOnSignal, trainer: L.Trainer, name: str, fn: Any, *args: An
 
 
 def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float,
-                  interrupted: bool | None = None) -> dict:
+                  interrupted: bool | None = None, save_policy: bool = True) -> dict:
     """Write ``summary.json`` (rank 0, atomically: :func:`grpolab.run_files.write_json`) and ``policy/``
-    (``save_policy``; every rank takes part). Returns the summary. ``total_s``: the run's seconds, a resumed
+    (``save_policy`` and ``cfg.save_policy``; every rank takes part). Returns the summary. ``total_s``: the run's seconds, a resumed
     checkpoint's included (:class:`grpolab.run_clock.RunClock`). ``interrupted``: training stopped before its
     last step (default: a stop was requested);
     ``"signal"`` and ``"stopped_in"`` (the phase) record any stop, also one after training."""
@@ -188,10 +191,11 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "summary.json", summary)  # atomic: a reader never sees half of it
-    if cfg.save_policy:  # every rank takes part (FSDP gathers the shards), rank 0 writes
-        save_policy(module.policy, module.tokenizer, out / "policy", write=trainer.is_global_zero)
+    saving = bool(cfg.save_policy) and save_policy
+    if saving:  # every rank takes part (FSDP gathers the shards), rank 0 writes
+        save_policy_files(module.policy, module.tokenizer, out / "policy", write=trainer.is_global_zero)
     if trainer.is_global_zero:
-        log.info(closing_line(summary, out, cfg.save_policy))
+        log.info(closing_line(summary, out, saving))
     return summary
 
 

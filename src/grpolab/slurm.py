@@ -95,6 +95,11 @@ def resume_after_requeue(cfg: DictConfig) -> DictConfig:
     ``metrics.csv`` rows aside so they are put back in front of this allocation's when the run ends (Lightning's CSV
     logger starts its file anew: :func:`grpolab.sweep_resume.set_aside_metrics`). Returns ``cfg``."""
     path = requeued_ckpt_path(cfg)
+    if path is None and restart_count() > 0 and not cfg.get("ckpt_path"):
+        log.warning("SLURM job %s requeued (restart %d), but its run folder %s holds no last.ckpt: it starts over. "
+                    "A requeued job resumes only when it writes into the folder of its first start: "
+                    "hydra.run.dir=<folder>/${oc.env:SLURM_JOB_ID} (docs/guide/scale-out.md)", job_id(),
+                    restart_count(), cfg.paths.output_dir)
     if path is not None:
         before = cfg.get("ckpt_path")
         with open_dict(cfg):
@@ -104,6 +109,26 @@ def resume_after_requeue(cfg: DictConfig) -> DictConfig:
         log.warning("SLURM job %s requeued (restart %d): resuming from %s (step %d)%s", job_id(), restart_count(),
                     path, step, f", not from ckpt_path={before} it started from" if before else "")
     return cfg
+
+
+def max_requeues() -> int | None:
+    """``hydra.launcher.max_num_timeout`` of a job started by Hydra's submitit launcher (``hydra/launcher=slurm``):
+    how many times the job may go back to the queue; None outside such a job (no limit)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    value = OmegaConf.select(HydraConfig.get(), "launcher.max_num_timeout", default=None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def will_requeue(signum: int | None) -> bool:
+    """True when a stop by ``signum`` ends in a requeue (:func:`requeue`'s conditions but the rank): a SLURM
+    requeue signal inside a SLURM job that has requeues left (:func:`max_requeues`). The run then writes only
+    ``summary.json`` before asking (``policy/`` of a large model would take the signal's grace period; the
+    resumed run writes it at its end)."""
+    limit = max_requeues()
+    return signum in REQUEUE_SIGNALS and in_slurm_job() and (limit is None or restart_count() < limit)
 
 
 def requeue(signum: int | None) -> bool:
@@ -126,6 +151,11 @@ def requeue(signum: int | None) -> bool:
     if signum not in REQUEUE_SIGNALS or not in_slurm_job() or os.environ.get("SLURM_PROCID", "0") != "0":
         return False
     jid = job_id()
+    if not will_requeue(signum):  # hydra.launcher.max_num_timeout reached: submitit's own limit, kept by ours
+        log.warning("%s: SLURM job %s was requeued %d times (hydra.launcher.max_num_timeout=%s): not requeued again; "
+                    "last.ckpt is saved, resume with ckpt_path", signal.Signals(signum).name, jid, restart_count(),
+                    max_requeues())
+        return False
     log.warning("%s: SLURM job %s: last.ckpt saved, asking SLURM to requeue it (it resumes from last.ckpt)",
                 signal.Signals(signum).name, jid)
     # SLURM's SIGTERM for the requeue must not kill this process or scontrol before scontrol has answered

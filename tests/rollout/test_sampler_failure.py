@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -112,7 +113,8 @@ def test_train_py_prints_one_line_with_the_resume_command_and_exits_1(tmp_path, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(HERE), str(REPO_ROOT / "tests")]),
            "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
-    out = subprocess.run([sys.executable, str(REPO_ROOT / "src" / "train.py"), *COMMON, *failing,
+    tag = 'tags=["first try"]'  # a value with a space: the printed command must quote it for the shell
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "src" / "train.py"), *COMMON, *failing, tag,
                           f"hydra.run.dir={tmp_path}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 1, out.stderr[-3000:]
@@ -120,4 +122,6 @@ def test_train_py_prints_one_line_with_the_resume_command_and_exits_1(tmp_path, 
     line = [x for x in out.stderr.splitlines() if x.startswith("train.py: error:")]
     assert len(line) == 1 and "after step 2" in line[0] and "engine died" in line[0]
     assert f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}" in line[0] and "trainer.max_steps=4" in line[0]
+    command = shlex.split(line[0].split("resume with: ", 1)[1].split(" (summary.json", 1)[0])
+    assert command[:2] == ["python", "src/train.py"] and tag in command and "trainer.max_steps=4" in command
     assert (tmp_path / "checkpoints" / "last.ckpt").exists() and (tmp_path / "summary.json").exists()

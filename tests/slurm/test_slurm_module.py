@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO_ROOT
 from omegaconf import OmegaConf
 
 from grpolab import slurm
@@ -135,3 +136,35 @@ def test_a_failed_requeue_gives_sigterm_its_handler_back(no_slurm, tmp_path):
     before = signal.getsignal(signal.SIGTERM)
     assert slurm.requeue(signal.SIGUSR2) is False
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_requeued_job_without_its_last_ckpt_says_it_starts_over(no_slurm, tmp_path, caplog):
+    no_slurm.setenv("SLURM_JOB_ID", "90")
+    no_slurm.setenv("SLURM_RESTART_COUNT", "1")
+    with caplog.at_level("WARNING", logger="grpolab.slurm"):
+        assert slurm.resume_after_requeue(_cfg(tmp_path / "a_new_timestamped_folder")).ckpt_path is None
+    assert "requeued (restart 1), but its run folder" in caplog.text and "hydra.run.dir=" in caplog.text
+
+
+def test_hydras_max_num_timeout_caps_our_requeues(no_slurm, tmp_path):
+    """submitit's hydra.launcher.max_num_timeout used to bind only submitit's own requeues."""
+    from hydra.core.hydra_config import HydraConfig
+
+    env = _fake_scontrol(tmp_path / "bin", "#!/bin/sh\necho called >> \"$(dirname \"$0\")/calls\"\n")
+    no_slurm.setenv("PATH", env["PATH"])
+    no_slurm.setenv("SLURM_JOB_ID", "91")
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", ["hydra/launcher=slurm", "hydra.launcher.max_num_timeout=2"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        assert slurm.max_requeues() == 2
+        no_slurm.setenv("SLURM_RESTART_COUNT", "1")
+        assert slurm.will_requeue(signal.SIGUSR2) and not slurm.will_requeue(signal.SIGTERM)
+        no_slurm.setenv("SLURM_RESTART_COUNT", "2")
+        assert not slurm.will_requeue(signal.SIGUSR2)
+        assert slurm.requeue(signal.SIGUSR2) is False and not (tmp_path / "bin" / "calls").exists()
+    finally:
+        HydraConfig.instance().cfg = None
+    assert slurm.max_requeues() is None
