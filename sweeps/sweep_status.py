@@ -171,6 +171,8 @@ def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: 
         scores = {c: v for c, v in summary.items() if SCORE.fullmatch(c)}
         row = {"arm": arm_of(job["overrides"], first_key), **values,
                **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores,
+               # a run without the drift rule logs no count: it made no drift refresh (0, as its rows always said)
+               "drift_refreshes": summary.get("drift_refreshes", 0),
                ENTROPY_END: train_tail_mean(job["dir"], "train/entropy", ENTROPY_STEPS)}
         found.setdefault(row_key(row, names), []).append((f"job {job['dir']}", row))
     refused, added = [], 0

@@ -141,11 +141,12 @@ def test_a_row_holds_the_lr_greedy_accuracy_pass_at_k_and_final_entropy_and_olde
     assert float(new["train_entropy_end"]) == pytest.approx(sum(0.1 * s for s in range(2, 12)) / 10)
     assert "test_num_prompts" not in new and "val_greedy_accuracy_end" not in new  # the final eval's scores only
     assert old["learning_rate"] == old["train_entropy_end"] == old["test_pass_at_16"] == ""
+    assert new["drift_refreshes"] == old["drift_refreshes"] == "0"  # no drift rule: no drift refresh (issue 41)
     # a file written before the new columns: its rows are kept, the export adds none and changes nothing
     legacy = tmp_path / "legacy.csv"
     legacy.write_text("arm,seed,steps,test_mean_at_16,test_mean_at_16_se,val_accuracy_start,clip_mode,"
-                      "async_generation,drift_refreshes,time_total_s\nonpolicy,0,10,0.5,0.01,0.297,,,,12.5\n"
-                      "onpolicy,1,10,0.625,0.01,0.297,,,,12.5\n")
+                      "async_generation,drift_refreshes,time_total_s\nonpolicy,0,10,0.5,0.01,0.297,,,0,12.5\n"
+                      "onpolicy,1,10,0.625,0.01,0.297,,,0,12.5\n")
     before = legacy.read_bytes()
     res = _export(sweep, legacy)
     assert res.returncode == 0 and f"0 rows added to {legacy}" in res.stdout, res.stdout
