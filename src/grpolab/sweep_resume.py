@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -82,8 +83,10 @@ def in_multirun() -> bool:
 def claim_job_folder(cfg: DictConfig) -> contextlib.AbstractContextManager:
     """In a multirun job: :func:`grpolab.run_identity.claim` of its folder (held while the job runs: a second
     process given the same job, or a job whose folder was trained with other settings, is refused in one line);
-    a single run: nothing."""
-    if not in_multirun():
+    a single run, and every process of a multi-process job but the first (``RANK``/``SLURM_PROCID`` > 0: the tasks
+    of one SLURM job share its folder and rank 0's claim): nothing."""
+    first = all(os.environ.get(var, "0") == "0" for var in ("RANK", "SLURM_PROCID"))
+    if not in_multirun() or not first:
         return contextlib.nullcontext()
     from grpolab.run_identity import claim
 
