@@ -4,7 +4,7 @@
 e.g. ``outputs/train/2026-01-01_12-00-00-000000_seed-1+algo-grpo_offpolicy``. The overrides are joined with
 ``+`` and ``-`` (not Hydra's ``,`` and ``=``), so a path with the folder in it is still one plain Hydra value
 (``model.path=outputs/train/<run>/policy``); ``/`` in a value becomes ``~``, ``seed`` goes first, and a name
-longer than :data:`MAX_CHARS` is cut and ends with ``~`` and 8 hex digits of a hash of the whole name (two
+longer than :data:`MAX_CHARS` is cut and ends with ``_`` and 8 hex digits of a hash of the whole name (two
 long names that differ only after the cut get two folders).
 Importing :mod:`grpolab` registers the ``grpolab_dirname`` resolver.
 """
@@ -33,7 +33,7 @@ def dirname_suffix(overrides: str, sep: str = "_") -> str:
     items = [i for i in items if i.startswith("seed-")] + [i for i in items if not i.startswith("seed-")]
     name = re.sub(r"[^\w.+~@-]", "~", "+".join(items).replace("/", "~"))
     if len(name) > MAX_CHARS:  # cut, with a hash of the whole name: two long names that share a start stay apart
-        name = f"{name[:MAX_CHARS - 9]}~{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        name = f"{name[:MAX_CHARS - 9]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"  # not "~": Hydra refuses it
     return sep + name
 
 
