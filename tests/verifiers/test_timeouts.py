@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import pickle
 import subprocess
 import sys
@@ -40,46 +39,42 @@ def _in_thread(fn):
     return box["value"]
 
 
-def _reward_threads_alive() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "grpolab-reward" and t.is_alive()]
+def _reward_threads_alive(ignore: frozenset[threading.Thread] = frozenset()) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "grpolab-reward" and t.is_alive() and t not in ignore]
 
 
-def _load_scale() -> float:
-    """How many times over the machine's cores are busy now (1 when idle or less): a wall-clock bound on CPU work
-    that must hold under load (the suite beside a training run) is scaled by it, so it keeps telling a cut thread
-    from one left running (which takes the same factor longer too) on a busy machine."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-
-
-def _wait_no_reward_threads(limit_s: float = 5.0) -> bool:
+def _wait_no_reward_threads(before: frozenset[threading.Thread], limit_s: float = 5.0) -> bool:
+    """True once every scoring thread started after ``before`` (the ones alive when the test began) has ended
+    within ``limit_s``. Threads left by earlier tests in this xdist worker are not this test's (a cut thread lives on
+    until its current C call returns): counting them failed this test twice in the suite under load, never alone."""
     deadline = time.monotonic() + limit_s
-    while _reward_threads_alive() and time.monotonic() < deadline:
+    while _reward_threads_alive(before) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _reward_threads_alive()
+    return not _reward_threads_alive(before)
 
 
 # ------------------------------------------------------------------------------ watchdog thread (0 workers)
 def test_thread_watchdog_cuts_a_python_hang_off_the_main_thread():
     rm = Verifier({"slow": spin_on_marker}, timeout_s=0.5, num_workers=0)
-    start = time.perf_counter()
+    before, start = frozenset(_reward_threads_alive()), time.perf_counter()
     out = _in_thread(lambda: rm(["ok", "HANG", "ok", "ok"], answer=["1"] * 4))
     assert time.perf_counter() - start < 5.0
     assert out.rewards == [1.0, None, 1.0, 1.0]
     assert out.per_func["slow"] == [1.0, None, 1.0, 1.0]
     assert (out.num_timeouts, out.num_unscorable) == (1, 1)
-    assert _wait_no_reward_threads(), "the abandoned scoring thread kept running"
+    assert _wait_no_reward_threads(before), "the abandoned scoring thread kept running"
 
 
 def test_thread_watchdog_cuts_a_slow_math_verify_comparison():
     """A real pathological answer: sympy needs ~20 s to compare (x+1)^1000 with 5 (pure Python)."""
     rm = Verifier({"math": MathVerifier()}, timeout_s=1.0, num_workers=0)
-    start = time.perf_counter()
+    before, start = frozenset(_reward_threads_alive()), time.perf_counter()
     out = _in_thread(lambda: rm([r"$\boxed{(x+1)^{1000}}$", r"$\boxed{5}$"], answer=["5", "5"]))
     assert time.perf_counter() - start < 8.0
     assert out.rewards == [None, 1.0]
     assert out.num_timeouts == 1
-    # the cut lands at sympy's next bytecode: seconds on an idle machine; left running it would take ~20 s more
-    assert _wait_no_reward_threads(10.0 * _load_scale())
+    # the cut lands at sympy's next bytecode (0.1 s here, under load 3.6); left running it would take ~20 s more
+    assert _wait_no_reward_threads(before, 10.0)
 
 
 # The first calls of a fresh process that has just built (or, like a reward worker, unpickled) a MathVerifier:
