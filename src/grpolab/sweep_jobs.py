@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -139,13 +140,22 @@ def in_joblib_sweep() -> bool:
 def stopped_sweep_code() -> int | None:
     """In a job of a ``hydra/launcher=joblib`` sweep whose launcher got a signal before the job started: its exit
     status (128 + the signal number), after one log line (the job trains nothing; a rerun of the same command runs
-    it). None otherwise (:mod:`grpolab.sweep_signals`)."""
+    it). The folder Hydra made for it goes when it holds nothing else (``.hydra/``, its log), so the sweep's status
+    says "not started"; a folder with a run in it is kept. None otherwise (:mod:`grpolab.sweep_signals`)."""
     from grpolab.sweep_signals import stopped_code
 
     if not in_joblib_sweep():
         return None
     code = stopped_code(HydraConfig.get().sweep.dir)
     if code is not None:
+        out = Path(HydraConfig.get().runtime.output_dir)
+        if out.is_dir() and all((e.name == ".hydra" and e.is_dir()) or (e.suffix == ".log" and e.is_file())
+                                for e in out.iterdir()):  # only what Hydra made for this launch: a job never started
+            for handler in list(logging.root.handlers):
+                if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == out:
+                    handler.close()
+                    logging.root.removeHandler(handler)
+            shutil.rmtree(out, ignore_errors=True)  # sweep_status reads no folder as "not started"
         log.warning("sweep job %s not started: the sweep was stopped by a signal; rerun the same command to run it",
-                    Path(HydraConfig.get().runtime.output_dir).name)
+                    out.name)
     return code
