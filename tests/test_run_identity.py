@@ -48,6 +48,12 @@ def test_a_folder_trained_with_other_settings_is_refused_naming_the_keys(tmp_pat
             claim(_cfg(tmp_path, "model.path=/w/policy")):
         pass
     assert json.loads((tmp_path / "job" / IDENTITY).read_text()) == recorded  # the record is kept
+    # a record written by another grpolab version (a key it did not have, one it had): the same job
+    older = {**recorded, "hash": "0" * 16, "settings": {**recorded["settings"], "algo.removed_key": 1}}
+    del older["settings"]["algo.beta"]
+    (tmp_path / "job" / IDENTITY).write_text(json.dumps(older))
+    with claim(_cfg(tmp_path)):
+        pass
 
 
 def test_a_job_running_in_one_process_is_not_started_by_another(tmp_path):
@@ -118,7 +124,8 @@ def test_a_renumbered_job_takes_over_its_old_folder_with_the_same_settings(tmp_p
         (old / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
         (old / "train.log").write_text("first launch\n")
     other.mkdir()
-    (other / IDENTITY).write_text(json.dumps({"hash": "0" * 16, "settings": {}}))  # another job's settings
+    theirs = {**settings(cfg), "seed": 99}  # another job's settings
+    (other / IDENTITY).write_text(json.dumps({"hash": "0" * 16, "settings": theirs}))
     (new / ".hydra").mkdir(parents=True)
     (new / "train.log").write_text("this launch\n")
     with open_dict(cfg):

@@ -55,9 +55,10 @@ class RunFolderBusy(NotThisJob):
 
 def settings(cfg: DictConfig) -> dict[str, Any]:
     """The settings that decide a run, flattened to ``{"a.b.c": value}`` (resolved; JSON values). Left out: the
-    keys of :data:`NOT_IDENTITY` and every value made from a path or the environment (``${paths.*}``,
-    ``${hydra:...}``, ``${oc.env:...}``: where a run writes and reads its cache, not what it trains)."""
-    where = ("${paths.", "${hydra:", "${oc.env:")
+    keys of :data:`NOT_IDENTITY` and every value made from a path or the environment (``${paths.*}``, Hydra's
+    run and sweep folders, ``${oc.env:...}``: where a run writes and reads its cache, not what it trains). A value
+    from Hydra's choices (``${tuned_lr[${hydra:runtime.choices.correction_arm}]}``) is kept, resolved."""
+    where = ("${paths.", "${oc.env:", "${hydra:runtime.output_dir", "${hydra:run.", "${hydra:sweep.")
     keep = {}
     for key, raw in _flat(OmegaConf.to_container(cfg, resolve=False)).items():
         if _excluded(key) or any(w in str(raw) for w in where):
@@ -89,8 +90,10 @@ def identity_hash(values: Mapping[str, Any]) -> str:
 
 
 def differing_keys(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The keys whose values differ between two :func:`settings` (present in one only included), sorted."""
-    return sorted(k for k in set(recorded) | set(now) if recorded.get(k, "<unset>") != now.get(k, "<unset>"))
+    """The keys of both :func:`settings` whose values differ, sorted. A key in one only is not a difference: a
+    newer grpolab adds keys with their defaults (the record of a folder made before keeps what it had), and a
+    value this module no longer records is left out on both sides."""
+    return sorted(k for k in set(recorded) & set(now) if recorded[k] != now[k])
 
 
 def check_identity(out: Path, values: Mapping[str, Any]) -> None:
@@ -117,7 +120,9 @@ def check_identity(out: Path, values: Mapping[str, Any]) -> None:
         return
     before = recorded.get("settings") or {}
     keys = differing_keys(before, values)
-    shown = ", ".join(f"{k}={before.get(k, '<unset>')} there, {values.get(k, '<unset>')} now" for k in keys[:6])
+    if not keys:  # the same settings; the record has fewer or more keys (another grpolab version)
+        return
+    shown = ", ".join(f"{k}={before[k]} there, {values[k]} now" for k in keys[:6])
     more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
     for name in _HYDRA_RECORDS:
         if (hydra / f"{name}.at_start.yaml").is_file():
@@ -189,7 +194,8 @@ def adopt_renumbered(out: Path, values: Mapping[str, Any]) -> Path | None:
             recorded = json.loads((sibling / IDENTITY).read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(recorded, dict) or recorded.get("hash") != identity_hash(values):
+        theirs = recorded.get("settings") if isinstance(recorded, dict) else None
+        if not theirs or not set(theirs) & set(values) or differing_keys(theirs, values):
             continue
         fd = _lock(sibling)
         try:
