@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The checkout under test, not whichever one `pip install -e .` points at: a clean-clone CI run (.ci/run) re-points
+# the shared editable install at its clone, and the tests of this checkout then ran the clone's code.
+sys.path.insert(0, str(REPO_ROOT / "src"))
 KERNEL_PINS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
