@@ -68,6 +68,13 @@ def main(cfg: DictConfig) -> float | None:
 
         code = 128 + signal.Signals[summary["signal"]]
         if in_joblib_sweep():  # the launcher exits with it once every job has saved
+            from hydra.core.hydra_config import HydraConfig
+
+            from grpolab.sweep_signals import mark_stopped
+
+            # no later job of the sweep starts (with n_jobs=1 joblib runs the jobs in the launcher's own process,
+            # where this job's handler took the signal and the launcher never saw it)
+            mark_stopped(HydraConfig.get().sweep.dir, code - 128)
             raise JobInterrupted(code)
         sys.exit(code)
     from grpolab.sweep_jobs import objective

@@ -241,3 +241,15 @@ def test_ctrl_c_with_an_idle_joblib_worker_still_lets_the_running_job_save(tmp_p
     assert torch.load(long / "checkpoints" / "last.ckpt", map_location="cpu",
                       weights_only=False)["global_step"] == summary["steps"]
     assert not list(long.glob("checkpoints/*.tmp*"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_one_job_at_a_time_joblib_grid_starts_no_next_job(tmp_path):
+    """hydra.launcher.n_jobs=1: joblib runs the jobs in the launcher's own process, where the running job's handler
+    takes the Ctrl-C; the job marks the sweep stopped itself, so the next job does not start (it did: seen on the
+    replication grid, which went on to its next job after the Ctrl-C)."""
+    sweep = tmp_path / "sweep"
+    out = _sigint_when(["-m", "seed=0,1", "trainer.max_steps=1000", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1",
+                        f"hydra.sweep.dir={sweep}"], lambda: _trained(sweep, "0_*", 1), "job 0")
+    assert json.loads(next(sweep.glob("0_*/summary.json")).read_text())["interrupted"] is True
+    assert not list(sweep.glob("1_*/metrics.csv")), out[-3000:]
