@@ -31,6 +31,8 @@ def test_a_multirun_job_is_its_number_then_its_overrides():
     assert len(dirname_suffix("a-" + "b" * 500)) <= 201
     long_a, long_b = (dirname_suffix("a-" + "b" * 300 + end) for end in ("+c-1", "+c-2"))  # alike up to the cut
     assert long_a != long_b and len(long_a) == len(long_b) == 201 and long_a[:192] == long_b[:192]
-    from hydra.core.override_parser.overrides_parser import OverridesParser  # the cut name is still a plain value
+    from hydra.core.override_parser.overrides_parser import (
+        OverridesParser,  # the cut name is still a plain value
+    )
 
     OverridesParser.create().parse_overrides([f"model.path=outputs/train/2026{long_a}/policy"])
