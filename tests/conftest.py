@@ -157,4 +157,5 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     with open(out, "a") as fh:
         fh.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - c0, 2),
-                             "wall_s": round(time.perf_counter() - t0, 2)}) + "\n")
+                             "wall_s": round(time.perf_counter() - t0, 2), "end": round(time.time(), 1),
+                             "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")

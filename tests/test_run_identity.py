@@ -18,6 +18,8 @@ from test_sweep_resume import ENV, _cmd, _trained
 from grpolab.run_identity import IDENTITY, NotThisJob, RunFolderBusy, claim, differing_keys, settings
 from grpolab.sweep_resume import job_state
 
+SHORT = ("trainer.max_steps=2", "trainer.val_check_interval=2")  # the folder is under test, not the training
+
 
 def _cfg(tmp_path, *overrides):
     cfg = compose_train_cfg(tmp_path / "job", [*FAST_OVERRIDES, *overrides])
@@ -80,13 +82,13 @@ def test_a_rerun_with_other_weights_and_a_second_rerun_at_once_start_nothing(tmp
     to skip the job as finished and rewrite its config record; a second rerun of a running sweep trained the same
     job twice into one folder."""
     sweep = tmp_path / "sweep"
-    first = subprocess.run(_cmd("-m", "seed=0", f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
+    first = subprocess.run(_cmd("-m", "seed=0", *SHORT, f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     job = next(sweep.glob("0_*"))
     record = (job / ".hydra" / "config.yaml").read_text()
-    other = subprocess.run(_cmd("-m", "seed=0", f"model.path={tmp_path / 'other'}", f"hydra.sweep.dir={sweep}"),
-                           cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    args = ["-m", "seed=0", *SHORT, f"model.path={tmp_path / 'other'}", f"hydra.sweep.dir={sweep}"]
+    other = subprocess.run(_cmd(*args), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     log = other.stdout + other.stderr
     assert "this job folder holds a run with other settings (model.path=None there" in log, log[-3000:]
     assert "finished already" not in log and (job / ".hydra" / "config.yaml").read_text() == record
@@ -151,7 +153,7 @@ def test_a_grid_extended_by_a_seed_trains_none_of_its_finished_jobs_again(tmp_pa
     """Issue 39 item 8, through Hydra's launcher: extending ``lr=a,b seed=0`` by ``seed=1`` renumbers (b, 0) from 1
     to 2; it used to train again from scratch into a second folder."""
     sweep = tmp_path / "sweep"
-    grid = ["-m", "algo.learning_rate=1e-4,2e-4", f"hydra.sweep.dir={sweep}"]
+    grid = ["-m", "algo.learning_rate=1e-4,2e-4", *SHORT, f"hydra.sweep.dir={sweep}"]
     first = subprocess.run(_cmd(*grid, "seed=0"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
                            timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
