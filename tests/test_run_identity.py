@@ -1,4 +1,4 @@
-"""A multirun job folder's identity and owner (grpolab/run_identity.py): a folder trained under other settings is
+"""A multirun job folder's identity and owner (grpolab/app/run_identity.py): a folder trained under other settings is
 never taken as the same job, and a job running in one process is not started again by a second rerun."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 from omegaconf import open_dict
 from test_sweep_resume import ENV, _cmd, _trained
 
-from grpolab.run_identity import IDENTITY, NotThisJob, RunFolderBusy, claim, differing_keys, settings
-from grpolab.sweep_resume import job_state
+from grpolab.app.run_identity import IDENTITY, NotThisJob, RunFolderBusy, claim, differing_keys, settings
+from grpolab.app.sweep_resume import job_state
 
 
 def _cfg(tmp_path, *overrides):
