@@ -88,7 +88,7 @@ def plan_of(overrides: list[str]) -> dict[str, Any] | None:
     from hydra.core.global_hydra import GlobalHydra
 
     sys.path.insert(0, str(ROOT / "src"))
-    from grpolab.plan.from_config import plan_summary
+    from grpolab.app.plan_from_config import plan_summary
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -36,7 +36,7 @@ SETTINGS = ("null", "131072", "4194304")
 
 STEP = """
 import json, sys, time, torch
-from grpolab.malloc import set_mmap_threshold
+from grpolab.app.malloc import set_mmap_threshold
 set_mmap_threshold(None if sys.argv[1] == "null" else int(sys.argv[1]))
 from transformers import Qwen2Config, Qwen2ForCausalLM
 layers, tokens = int(sys.argv[2]), int(sys.argv[3])

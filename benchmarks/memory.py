@@ -5,7 +5,7 @@
     python benchmarks/memory.py --accelerator gpu --precision bf16-mixed     # on a GPU: CUDA peak allocated
 
 Each case runs in a FRESH subprocess (so the peak is that case's own): it builds the real training stack
-(grpolab.run.build: model, reference model when beta > 0, LoRA through PEFT, rollout, optimizer) and fits
+(grpolab.app.run.build: model, reference model when beta > 0, LoRA through PEFT, rollout, optimizer) and fits
 ``--steps`` GRPO steps (rollout + loss + backward + AdamW step). Reported per case:
 
 * ``peak_MiB``: CPU: the process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``, the
@@ -69,8 +69,8 @@ def run_case(args: argparse.Namespace) -> dict:
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
 
+    from grpolab.app.run import build
     from grpolab.lora import count_parameters
-    from grpolab.run import build
 
     case = json.loads(args.case)
     out = Path(case["out"])

@@ -7,7 +7,7 @@
     python benchmarks/step_profile.py --cases default --extra algo.shared_prompt_forward=false \
         rollout.drop_finished_rows=false          # the plain paths, for comparison (time and peak memory)
 
-Runs the real training loop (``grpolab.run.build`` + ``trainer.fit``, validation off) and times each phase
+Runs the real training loop (``grpolab.app.run.build`` + ``trainer.fit``, validation off) and times each phase
 by wrapping the functions that implement it: ``generate`` (the engine), ``reward`` (the verifier),
 ``logp passes`` (no-grad log-prob passes: sampler, reference, reference refresh, post-step lower bound), ``forward`` and ``backward`` of the
 training step, ``optimizer`` (clip, step, weight check), ``metrics`` (``GRPOModule._log_step`` including
@@ -69,7 +69,7 @@ def profile(case: str, extra: list[str], steps: int, warmup: int, threads: int) 
     import grpolab.forward.theorem1 as theorem1_mod
     import grpolab.module as module_mod
     import grpolab.rollout.producer as producer_mod
-    from grpolab.run import build
+    from grpolab.app.run import build
 
     torch.set_num_threads(threads)
     overrides = [*CASES[case], f"trainer.max_steps={steps}", "+trainer.limit_val_batches=0",

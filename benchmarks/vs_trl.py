@@ -31,7 +31,7 @@ Known differences in work: grpolab runs each prompt once per group in its log-pr
 (``algo.shared_prompt_forward``, exact), TRL once per completion, which matters at qwen0.5b's long prompts
 (``--extra algo.shared_prompt_forward=false`` to compare without it); grpolab computes its Theorem 1
 diagnostic (one more no-grad forward) at steps 0, 10, 20 (``algo.lower_bound_every``). The grpolab worker
-calls ``grpolab.run.build`` directly, so ``malloc_mmap_threshold`` (applied by ``src/train.py``) stays at
+calls ``grpolab.app.run.build`` directly, so ``malloc_mmap_threshold`` (applied by ``src/train.py``) stays at
 glibc's default, as in TRL. Neither writes a checkpoint (a 0.5B fp32 one with AdamW state is ~6 GB).
 
 This file runs in both venvs: the parent and the grpolab worker import grpolab, the TRL worker imports
@@ -150,7 +150,7 @@ def worker_grpolab(a: argparse.Namespace) -> list[float]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from grpolab.run import build
+    from grpolab.app.run import build
 
     case = CASES[a.case]
     torch.set_num_threads(a.threads[0])

@@ -5,14 +5,15 @@
 
 Layers, lowest first (a module may import its own layer and the layers below it, never above)::
 
-    0  the leaf helpers at the top of grpolab not named below   errors, distributed, lora, handle, checkpoints, ...
+    0  the leaf helpers not named below                         errors, distributed, lora, handle, checkpoint,
+                                                                report, plan, app's run_files, sweep_signals, ...
     1  algo, verifiers, tasks                                   pure maths, rewards, data
     2  config, models, warmstart                                settings and model building (use algo's config)
     3  forward                                                  the shared forward pass, Theorem 1's diagnostics
     4  rollout.engines                                          generation engines
     5  rollout                                                  the buffer, its schedule, the data module
-    6  module, callbacks, evaluation, plan.from_config          the LightningModule and what plugs into Lightning
-    7  run, preflight, sweep_jobs, sweep_resume, slurm          the application: wiring, checks, launchers
+    6  module, callbacks, evaluation, app.plan_from_config      the LightningModule and what plugs into Lightning
+    7  app: run, preflight, sweep_jobs, sweep_resume, slurm     the application: wiring, checks, launchers
 
 Imports inside ``if TYPE_CHECKING:`` are type hints, not dependencies, and are left out. A cycle is a strongly
 connected set of two or more modules (function-local imports count: they are a dependency all the same).
@@ -32,9 +33,10 @@ LAYERS: list[tuple[str, int]] = [  # longest prefix wins; "grpolab" itself is la
     ("grpolab.forward", 3),
     ("grpolab.rollout.engines", 4),
     ("grpolab.rollout", 5),
-    ("grpolab.module", 6), ("grpolab.callbacks", 6), ("grpolab.evaluation", 6), ("grpolab.plan.from_config", 6),
-    ("grpolab.run", 7), ("grpolab.preflight", 7), ("grpolab.sweep_jobs", 7), ("grpolab.sweep_resume", 7),
-    ("grpolab.slurm", 7),
+    ("grpolab.module", 6), ("grpolab.callbacks", 6), ("grpolab.evaluation", 6),
+    ("grpolab.app.plan_from_config", 6),
+    ("grpolab.app.run", 7), ("grpolab.app.preflight", 7), ("grpolab.app.sweep_jobs", 7),
+    ("grpolab.app.sweep_resume", 7), ("grpolab.app.slurm", 7),
 ]
 
 

@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/eval.py` without install
 
-from grpolab.cli import check_overrides, report_user_errors  # noqa: E402
-from grpolab.console import guard_console  # noqa: E402
+from grpolab.app.cli import check_overrides, report_user_errors  # noqa: E402
+from grpolab.app.console import guard_console  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -29,10 +29,10 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 @hydra.main(version_base="1.3", config_path="../conf", config_name="eval")
 def main(cfg: DictConfig) -> float | None:
     with report_user_errors("eval.py"):
-        from grpolab.malloc import apply_config
+        from grpolab.app.malloc import apply_config
 
         apply_config(cfg)
-        from grpolab.preflight import import_plugins
+        from grpolab.app.preflight import import_plugins
 
         import_plugins(cfg.get("imports") or [])  # and the working directory on the path, as training has it: a
         # reward function of one's own (verifier.reward_funcs.<name>._target_=my_reward.reward) is found in both

@@ -31,29 +31,29 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
-from grpolab.cli import check_overrides, discard_empty_run_folder, report_user_errors  # noqa: E402
-from grpolab.console import guard_console  # noqa: E402
+from grpolab.app.cli import check_overrides, discard_empty_run_folder, report_user_errors  # noqa: E402
+from grpolab.app.console import guard_console  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from grpolab.sweep_jobs import JobInterrupted, stopped_sweep_code
+    from grpolab.app.sweep_jobs import JobInterrupted, stopped_sweep_code
 
     if (code := stopped_sweep_code()) is not None:  # a joblib sweep stopped by a signal: a queued job does not start
         raise JobInterrupted(code)
     with report_user_errors("train.py"):
-        from grpolab.malloc import apply_config
+        from grpolab.app.malloc import apply_config
 
         # before torch allocates (every DDP rank re-runs this)
         apply_config(cfg)
         # torch after the override check (a misspelt key is refused in a second), Lightning after every other check
-        from grpolab.plan.from_config import print_plan, wants_plan_only
-        from grpolab.sweep_jobs import task_wrapper
+        from grpolab.app.plan_from_config import print_plan, wants_plan_only
+        from grpolab.app.sweep_jobs import task_wrapper
 
         if wants_plan_only(cfg):  # +plan_only=true: print the memory plan and exit 0, loading nothing
-            from grpolab.preflight import import_plugins
+            from grpolab.app.preflight import import_plugins
 
             import_plugins(cfg.get("imports") or [])  # a loss variant the plan's algo.* names may live there
             print_plan(cfg)
@@ -64,20 +64,20 @@ def main(cfg: DictConfig) -> float | None:
         _report_failure(cfg, summary["failure"])
     if summary is not None and (summary.get("interrupted") or summary.get("signal")):  # Ctrl-C / SIGTERM at any
         # phase, after the last step too (so a sequential sweep stops too): 130 / 143
-        from grpolab.sweep_jobs import in_joblib_sweep
+        from grpolab.app.sweep_jobs import in_joblib_sweep
 
         code = 128 + signal.Signals[summary["signal"]]
         if in_joblib_sweep():  # the launcher exits with it once every job has saved
             from hydra.core.hydra_config import HydraConfig
 
-            from grpolab.sweep_signals import mark_stopped
+            from grpolab.app.sweep_signals import mark_stopped
 
             # no later job of the sweep starts (with n_jobs=1 joblib runs the jobs in the launcher's own process,
             # where this job's handler took the signal and the launcher never saw it)
             mark_stopped(HydraConfig.get().sweep.dir, code - 128)
             raise JobInterrupted(code)
         sys.exit(code)
-    from grpolab.sweep_jobs import objective
+    from grpolab.app.sweep_jobs import objective
 
     return objective(summary)  # what a sweeper scores (hydra/sweeper=optuna): None fails the trial
 
@@ -105,9 +105,9 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
 
 
 def _train(cfg: DictConfig) -> dict:
-    from grpolab.preflight import preflight
-    from grpolab.slurm import resume_after_requeue
-    from grpolab.sweep_resume import claim_job_folder, resume_or_skip, stitch_metrics
+    from grpolab.app.preflight import preflight
+    from grpolab.app.slurm import resume_after_requeue
+    from grpolab.app.sweep_resume import claim_job_folder, resume_or_skip, stitch_metrics
 
     with claim_job_folder(cfg):  # a multirun job's folder: its lock, and the settings that trained what is in it
         done = resume_or_skip(cfg)  # a rerun multirun: a finished job is skipped, an interrupted one resumes
@@ -115,8 +115,8 @@ def _train(cfg: DictConfig) -> dict:
             return {**done, "signal": None}  # a stop recorded in its summary was an earlier process's
         resume_after_requeue(cfg)  # a requeued SLURM job resumes from its run folder's last.ckpt (no-op if set above)
         checked = preflight(cfg)  # a config error stops here, before Lightning and the models are imported
-        from grpolab.run import run_training
-        from grpolab.sweep_jobs import check_cores
+        from grpolab.app.run import run_training
+        from grpolab.app.sweep_jobs import check_cores
 
         check_cores(cfg)  # hydra/launcher=joblib: jobs at once x torch threads <= cores, or one line says what to set
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT / "sweeps"))
 
 import stale_rerun  # noqa: E402
 
-from grpolab import stats  # noqa: E402
-from grpolab.result_rows import cell  # noqa: E402
+from grpolab.report import stats  # noqa: E402
+from grpolab.report.result_rows import cell  # noqa: E402
 
 RESULTS = ROOT / "sweeps" / "results"
 TASKS = stale_rerun.TASKS

@@ -15,11 +15,11 @@ Per arm: the metric's mean and standard error over seeds (SE = sample sd / sqrt(
 difference on the seeds both arms ran, with its SE, a 95% interval (the t interval below 10 pairs, the percentile
 bootstrap from 10; none for one pair or a difference that is the same on every seed, said in words) and the
 two-sided paired t-test's p (scipy), and with ``--margin m`` the TOST equivalence p for "within +-m"
-(``grpolab/stats.py``). A warnings column says where an arm differs from the baseline in seeds, warm start
+(``grpolab/report/stats.py``). A warnings column says where an arm differs from the baseline in seeds, warm start
 (``val_accuracy_start``), steps, test split or generated samples. The metric is chosen once (``--metric``, or the
 final test score ``test_mean_at_<n>``); a job without it is left out, with a warning naming it. Jobs that failed,
 were interrupted, stopped short of ``trainer.max_steps``, lack the final eval's score they owe or whose
-``summary.json`` cannot be read are left out, with a warning (``grpolab/run_files.py`` decides). Two jobs or rows
+``summary.json`` cannot be read are left out, with a warning (``grpolab/app/run_files.py`` decides). Two jobs or rows
 of one (arm, seed) are refused, naming both.
 
 Writes ``report.md`` (printed too), ``report.csv``, ``curves.png`` (held-out accuracy and train reward against steps
@@ -42,9 +42,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # `python sweeps/report.py` without install
 
-from grpolab import stats  # noqa: E402
-from grpolab.result_rows import DuplicateRows, describe, duplicates  # noqa: E402
-from grpolab.run_files import read_json, replacing, run_status, write_csv, write_text  # noqa: E402
+from grpolab.app.run_files import read_json, replacing, run_status, write_csv, write_text  # noqa: E402
+from grpolab.report import stats  # noqa: E402
+from grpolab.report.result_rows import DuplicateRows, describe, duplicates  # noqa: E402
 
 IGNORED_PREFIXES = ("hydra.", "paths.")
 CURVE_COLUMNS = {  # compact curve file column -> metrics.csv column (a mean over the steps since the last row)
@@ -89,7 +89,7 @@ def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
     """Every job folder under ``folder`` (one with ``summary.json`` or ``.hydra/overrides.yaml``).
 
     Returns:
-        (the jobs that finished with every number they owe, :func:`grpolab.run_files.run_status`; one warning per
+        (the jobs that finished with every number they owe, :func:`grpolab.app.run_files.run_status`; one warning per
         job left out: no summary.json, one that cannot be read, interrupted, failed, fewer steps than its
         ``trainer.max_steps``, or no final-eval score where ``final_eval.enabled``).
     """
@@ -216,7 +216,7 @@ def default_metric(jobs: list[Job]) -> str:
 
 
 def refuse_duplicate_jobs(jobs: list[Job], seed_keys: list[str]) -> None:
-    """Raise :class:`~grpolab.result_rows.DuplicateRows` when two jobs are one (arm, seed): one line naming the key
+    """Raise :class:`~grpolab.report.result_rows.DuplicateRows` when two jobs are one (arm, seed): one line naming the key
     and both rows (a statistic over seeds reads each run once; neither is kept)."""
     found = duplicates(((j.arm, *j.seed), j.source) for j in jobs)
     if not found:

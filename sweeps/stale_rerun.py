@@ -15,7 +15,7 @@ Inputs, one file per task (``default``, ``multistep``), all written by ``sweep_s
 Stage 1 rule: per task and arm, the lr with the highest mean ``val_mean_at_16`` over the 3 tuning seeds; an exact
 tie goes to the lower lr; a value that is not finite (a run stopped on a non-finite loss) counts as 0. Stage 2:
 per task the comparisons H1-H3 paired on (warm start, seed), n = 15: mean difference, paired SE, percentile
-bootstrap 95% interval, two-sided paired t-test (``grpolab.stats``), Holm's correction over the family of all 6
+bootstrap 95% interval, two-sided paired t-test (``grpolab.report.stats``), Holm's correction over the family of all 6
 p-values (statsmodels), TOST at +-0.02. A block whose runs are not all in says "pending" with its count: no
 comparison is drawn from part of a pre-registered grid.
 """
@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from grpolab import stats  # noqa: E402
-from grpolab.result_rows import DuplicateRows, refuse_duplicates, row_key  # noqa: E402
+from grpolab.report import stats  # noqa: E402
+from grpolab.report.result_rows import DuplicateRows, refuse_duplicates, row_key  # noqa: E402
 
 RESULTS = ROOT / "sweeps" / "results"
 FIGURES = ROOT / "docs" / "results" / "figures"
@@ -88,7 +88,7 @@ HEADLINE_KEY = ("arm", "model.warmstart.seed", "seed")
 
 
 def refuse_duplicate_rows(rows: list[dict], names: tuple[str, ...], where: str) -> None:
-    """Raise :class:`~grpolab.result_rows.DuplicateRows` (``<where>: duplicate (key): line i and line j``) when two
+    """Raise :class:`~grpolab.report.result_rows.DuplicateRows` (``<where>: duplicate (key): line i and line j``) when two
     rows share a key: a run is one row, whatever its score; neither is kept."""
     try:
         refuse_duplicates(((row_key(r, names), f"line {i}") for i, r in enumerate(rows, start=2)), names)
@@ -108,7 +108,7 @@ def select_lr(rows: list[dict], metric: str = "val_mean_at_16", arms=TUNE_ARMS, 
         (cells, chosen, missing): cells[(arm, lr)] = (mean, SE, n); chosen[arm] = lr, or None where a cell lacks
         a seed; missing = the number of (arm, lr, seed) runs not in ``rows``.
     Raises:
-        ValueError: naming the row, for a row without a score; :class:`~grpolab.result_rows.DuplicateRows` naming
+        ValueError: naming the row, for a row without a score; :class:`~grpolab.report.result_rows.DuplicateRows` naming
             the key and the lines, for two rows of one (arm, lr, seed), with the same score or not.
     """
     refuse_duplicate_rows(rows, TUNE_KEY, where)

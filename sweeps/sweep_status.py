@@ -4,7 +4,7 @@ Works for any Hydra multirun of ``src/train.py`` (a grid on the command line or 
 with any launcher, in one folder or in batches below it). Every job folder (one with ``.hydra/overrides.yaml``) is
 ``finished``, ``interrupted`` (resumable from ``checkpoints/last.ckpt``), ``failed`` (``error.txt``), ``running or
 killed`` (started, nothing saved yet) or ``not started`` (in the grid of a ``multirun.yaml`` below the folder, or of
-``--config`` / ``key=a,b`` arguments, without a folder); see ``grpolab/sweep_resume.py``::
+``--config`` / ``key=a,b`` arguments, without a folder); see ``grpolab/app/sweep_resume.py``::
 
     python sweeps/sweep_status.py multirun/train/<time>
     python sweeps/sweep_status.py $S --config corrections_small data=multistep   # the grid of a sweeps/ config
@@ -14,7 +14,7 @@ killed`` (started, nothing saved yet) or ``not started`` (in the grid of a ``mul
 It then prints the rerun of each ``multirun.yaml``'s command into its own folder, which skips the finished jobs and
 resumes the interrupted ones, and the grid points no folder holds (an Optuna search, ``hydra/sweeper=optuna``,
 has no grid: its rerun continues the study). ``--csv`` appends one row per job that finished
-with every number it owes (``grpolab/run_files.py``: not interrupted or failed, ``trainer.max_steps`` steps, the final
+with every number it owes (``grpolab/app/run_files.py``: not interrupted or failed, ``trainer.max_steps`` steps, the final
 eval's score when ``final_eval.enabled``) to a results file: :data:`COLUMNS` (``learning_rate``: the one the run
 trained at, from its ``summary.json``, also where the grid does not vary it), every final-eval score of its
 ``summary.json`` (``test_``/``val_``: ``mean_at_<n>`` and its ``_se``, ``greedy_accuracy``, ``pass_at_<k>``), the
@@ -45,9 +45,9 @@ import yaml
 SWEEPS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SWEEPS.parent / "src"))
 
-from grpolab.result_rows import cell, describe, duplicates, row_key  # noqa: E402
-from grpolab.run_files import read_config, run_status, train_tail_mean, write_csv  # noqa: E402
-from grpolab.sweep_resume import STATES, state_of  # noqa: E402
+from grpolab.app.run_files import read_config, run_status, train_tail_mean, write_csv  # noqa: E402
+from grpolab.app.sweep_resume import STATES, state_of  # noqa: E402
+from grpolab.report.result_rows import cell, describe, duplicates, row_key  # noqa: E402
 
 COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
            "async_generation", "drift_refreshes", "time_total_s", "learning_rate")
@@ -86,7 +86,7 @@ def _as_dict(overrides: list[str]) -> dict[str, str]:
 
 
 def find_jobs(sweep: Path) -> list[dict]:
-    """Every job folder below ``sweep``: ``{"dir", "overrides" (dict), "status"}`` (:func:`grpolab.run_files.run_status`:
+    """Every job folder below ``sweep``: ``{"dir", "overrides" (dict), "status"}`` (:func:`grpolab.app.run_files.run_status`:
     the summary, and whether the job finished with every number it owes, ``trainer.max_steps`` and the final eval's
     score of its ``.hydra/config.yaml``), ``"state"`` and ``"steps"``."""
     jobs = []

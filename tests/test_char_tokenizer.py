@@ -7,10 +7,10 @@ import pytest
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoTokenizer, Qwen2Config
 
+from grpolab.app.run import run_training
 from grpolab.char_tokenizer import CHAR_SPECIALS, CHAR_VOCAB, build_char_tokenizer, char_vocab
 from grpolab.errors import ConfigError, VocabularyError
 from grpolab.models import TinyCharModel
-from grpolab.run import run_training
 from grpolab.tasks.arithmetic import ArithmeticTask
 from grpolab.tasks.jsonl import JsonlTask
 from grpolab.tasks.multistep import MultiStepArithmeticTask

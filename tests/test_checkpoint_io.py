@@ -10,7 +10,7 @@ import torch
 from conftest import compose_train_cfg
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from grpolab.checkpoint_io import FileCheckpointIO
+from grpolab.checkpoint.io import FileCheckpointIO
 
 
 def _save_peak(io, path: Path) -> float:

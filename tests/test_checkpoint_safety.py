@@ -10,12 +10,12 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
-from grpolab.checkpoint_reading import check_resume_steps, load_checkpoint
+from grpolab.app.preflight import check_saved_rollout, preflight
+from grpolab.app.run import run_training
+from grpolab.checkpoint.reading import check_resume_steps, load_checkpoint
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
 from grpolab.evaluation.evaluate import evaluate
-from grpolab.preflight import check_saved_rollout, preflight
-from grpolab.run import run_training
 
 EVAL = [*[o for o in FAST_OVERRIDES if o.startswith(("model.", "data."))], "eval.progress_bar=false",
         "eval.num_samples=2", "eval.max_prompts=8"]

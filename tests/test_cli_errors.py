@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
-from grpolab.cli import one_line, unknown_overrides
+from grpolab.app.cli import one_line, unknown_overrides
+from grpolab.app.run import build
 from grpolab.errors import ConfigError, ConfigPathError
-from grpolab.run import build
 
 VLLM_ASYNC_IS = ["rollout=vllm", "rollout.async_generation=true", "algo.vllm_importance_sampling_correction=true"]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 
 @pytest.mark.parametrize(

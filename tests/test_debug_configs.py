@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 OPTIONS = sorted(p.stem for p in (REPO_ROOT / "conf" / "debug").glob("*.yaml"))
 

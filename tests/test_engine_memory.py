@@ -14,19 +14,19 @@ import torch
 from conftest import REPO_ROOT, compose_train_cfg
 from omegaconf import OmegaConf
 
+from grpolab.app.plan_from_config import make_plan, model_shape
+from grpolab.app.run import build
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
 from grpolab.lora import validate_lora
-from grpolab.plan.from_config import make_plan, model_shape
 from grpolab.plan.memory import GIB, MIB, parameter_count
+from grpolab.plan.sampler_memory import GenerationShape, SamplerMemory
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.engines.vllm import VLLMGenerationEngine
 from grpolab.rollout.engines.vllm_check import CheckedEngine, check_push
 from grpolab.rollout.engines.vllm_server.engine import VLLMServerEngine
-from grpolab.run import build
-from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 
 class ReservingEngine(HFSamplerCopyEngine):

@@ -1,4 +1,4 @@
-"""Checkpoints leave the frozen reference model and a LoRA base out (grpolab.frozen_weights), rebuild them at
+"""Checkpoints leave the frozen reference model and a LoRA base out (grpolab.checkpoint.frozen_weights), rebuild them at
 resume after checking their hash, and refuse a resume whose config builds other frozen weights."""
 
 import pandas as pd
@@ -7,8 +7,8 @@ import torch
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab import frozen_weights
-from grpolab.run import run_training
+from grpolab.app.run import run_training
+from grpolab.checkpoint import frozen_weights
 
 CKPT = ["callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.model_checkpoint.monitor=null",
         "callbacks.model_checkpoint.save_top_k=-1", "callbacks.model_checkpoint.filename='step{step}'",

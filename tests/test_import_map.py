@@ -22,7 +22,7 @@ def test_src_has_no_upward_import_and_no_cycle():
 @pytest.mark.parametrize("module, layer", [("grpolab.algo.losses", 1), ("grpolab.forward.theorem1", 3),
                                            ("grpolab.rollout.engines.vllm_server.engine", 4),
                                            ("grpolab.rollout.buffer", 5), ("grpolab.config_checks", 0),
-                                           ("grpolab.run", 7)])
+                                           ("grpolab.app.run", 7)])
 def test_layers_are_read_by_longest_prefix(module, layer):
     assert import_map.layer(module) == layer
 

@@ -16,7 +16,7 @@ import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 from safetensors.torch import load_file
 
-from grpolab.run import build
+from grpolab.app.run import build
 
 TOTAL = 24  # optimizer steps of the reference run; the interrupted runs stop well before it
 COMMON = [*FAST_OVERRIDES, "val.at_start=false", "trainer.val_check_interval=1000",

@@ -64,7 +64,7 @@ def test_signal_during_the_final_validation_leaves_complete_training_that_owes_i
     """Training finished (last.ckpt at the last step): not marked interrupted (a resume would train nothing), the
     summary says which signal cut what, the run is not finished (it owes val_accuracy_end), and the process exits
     with the signal's status (issue 39 item 2: it exited 0, and a sequential sweep went on to its next job)."""
-    from grpolab.run_files import run_status
+    from grpolab.app.run_files import run_status
 
     out = tmp_path / "final"
     rc, output = _signal_at(out, "final validation at step 2", sig, group, "val.at_start=false",

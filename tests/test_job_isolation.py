@@ -1,5 +1,5 @@
 """Jobs of one Hydra multirun share a process: ``torch_threads`` and ``malloc_mmap_threshold`` (what every job's
-entry sets: grpolab.run.build, src/train.py) must not carry over from one job to the next."""
+entry sets: grpolab.app.run.build, src/train.py) must not carry over from one job to the next."""
 
 import json
 import os
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from grpolab.app.malloc import _glibc
 from grpolab.callbacks.threads import ORIGINAL_THREADS, apply_torch_threads
-from grpolab.malloc import _glibc
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY, OTHER = "grpolab.models.TinyCharModel", "grpolab.models.PretrainedModel"
@@ -30,7 +30,7 @@ def test_torch_threads_of_a_job_do_not_depend_on_the_job_before():
 # Each case in a fresh process (glibc's threshold cannot be unset in-process), jobs one after another as in a multirun
 JOBS = """
 import json, logging, os, sys
-from grpolab.malloc import apply_config
+from grpolab.app.malloc import apply_config
 logging.basicConfig(level=logging.WARNING)
 out = []
 for job in json.loads(sys.argv[1]):

@@ -17,7 +17,7 @@ import pytest
 from conftest import compose_train_cfg
 from omegaconf import open_dict
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 
 @pytest.mark.slow

@@ -11,10 +11,10 @@ from conftest import FAST_OVERRIDES, compose_train_cfg
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from grpolab.app.run import build, run_training
 from grpolab.forward.logprob_pass import batched_log_probs
 from grpolab.lora import AdapterDisabledReference
 from grpolab.models import build_char_tokenizer, random_qwen2
-from grpolab.run import build, run_training
 
 LORA = ["model.lora.r=4", "algo.beta=0.04", *varied(), "algo.learning_rate=1e-2"]
 

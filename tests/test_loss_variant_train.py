@@ -10,7 +10,7 @@ import pytest
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
 from grpolab.algo.policy_loss import POLICY_LOSSES
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 VARIANT_MODULE = '''
 import torch

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from grpolab.app.malloc import _glibc, check_mmap_threshold, set_mmap_threshold
 from grpolab.errors import ConfigError
-from grpolab.malloc import _glibc, check_mmap_threshold, set_mmap_threshold
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # 24 blocks of 2 MiB (each followed by a live 64 KiB chunk): from the heap under the dynamic threshold (they stay resident), mapped and returned when fixed.
 PROBE = """
 import ctypes, json, sys
-from grpolab.malloc import set_mmap_threshold
+from grpolab.app.malloc import set_mmap_threshold
 def rss():
     return next(int(l.split()[1]) // 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
 fixed = set_mmap_threshold(None if sys.argv[1] == "null" else int(sys.argv[1]))

@@ -6,9 +6,9 @@ import torch
 from conftest import compose_train_cfg
 from omegaconf import OmegaConf
 
+from grpolab.app.plan_from_config import make_plan
 from grpolab.config import GRPOConfig
 from grpolab.lora import LoraAdapterConfig, apply_lora, count_parameters, validate_lora
-from grpolab.plan.from_config import make_plan
 from grpolab.plan.memory import (
     GIB,
     MIB,
@@ -22,10 +22,10 @@ from grpolab.plan.memory import (
     parameter_count,
     plan_memory,
 )
+from grpolab.plan.sampler_memory import GenerationShape
 from grpolab.random_init import random_from_architecture
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.engines.vllm import VLLMGenerationEngine
-from grpolab.sampler_memory import GenerationShape
 
 # h=8, i=16, 2 layers, 2 heads of 4 (1 kv head: kv_dim 4), 10 tokens.
 SMALL = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

@@ -10,8 +10,8 @@ import torch
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
+from grpolab.app.run import build, run_training
 from grpolab.forward.logprob_pass import batched_log_probs
-from grpolab.run import build, run_training
 
 QUIET = ["trainer.val_check_interval=100", "val.at_start=false", "save_policy=false",
          *varied(), "algo.lr_scheduler=null"]  # reward variance for a random model; no warmup

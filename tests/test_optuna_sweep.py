@@ -21,8 +21,8 @@ from conftest import FAST_OVERRIDES, REPO_ROOT
 from hydra.core.utils import JobStatus
 from test_sweeps_notebook import compose_sweep
 
-from grpolab.sweep_jobs import objective
-from grpolab.sweep_resume import job_state
+from grpolab.app.sweep_jobs import objective
+from grpolab.app.sweep_resume import job_state
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}

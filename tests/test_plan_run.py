@@ -13,17 +13,17 @@ from conftest import REPO_ROOT, compose_train_cfg
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from grpolab.config import GRPOConfig
-from grpolab.lora import validate_lora
-from grpolab.plan.from_config import (
+from grpolab.app.plan_from_config import (
     available_memory,
     check_memory_plan,
     make_plan,
     refusal_message,
     wants_plan_only,
 )
+from grpolab.app.run import build
+from grpolab.config import GRPOConfig
+from grpolab.lora import validate_lora
 from grpolab.plan.memory import GIB
-from grpolab.run import build
 
 SHRINK = ["model.architecture.hidden_size=64", "model.architecture.intermediate_size=128",
           "model.architecture.num_hidden_layers=2", "model.architecture.num_attention_heads=4"]

@@ -13,10 +13,10 @@ import pytest
 from conftest import REPO_ROOT, compose_train_cfg
 from omegaconf import OmegaConf
 
+from grpolab.app.plan_from_config import fits_with, make_plan, print_plan, refusal_message
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
 from grpolab.lora import validate_lora
-from grpolab.plan.from_config import fits_with, make_plan, print_plan, refusal_message
 from grpolab.plan.memory import GIB, MIB, ModelShape, layer_activation_bytes
 from grpolab.plan.verdict import parse_size
 

@@ -6,12 +6,12 @@ scaled gradient, stop at the overflows the scaler skips, and ``algo.skip_zero_gr
 import pytest
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
+from grpolab.app.preflight import preflight
+from grpolab.app.run import run_training
 from grpolab.errors import ConfigError
-from grpolab.preflight import preflight
-from grpolab.run import run_training
 
 # Lightning turns trainer.precision=16-mixed into bf16-mixed on CPU; the plugin given directly keeps a (CPU) GradScaler
-SCALER_PLUGIN = ("trainer.plugins=[{_target_:grpolab.checkpoint_io.FileCheckpointIO},"
+SCALER_PLUGIN = ("trainer.plugins=[{_target_:grpolab.checkpoint.io.FileCheckpointIO},"
                  "{_target_:lightning.pytorch.plugins.precision.MixedPrecision,precision:16-mixed,device:cpu,"
                  "scaler:{_target_:torch.amp.GradScaler,device:cpu}}]")
 

@@ -8,7 +8,7 @@ from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 # epsilon 0.01: a window narrow enough to bind on a few-step run of the small random model
 COMMON = ["algo=grpo_onpolicy_prev_window", *varied(), "algo.learning_rate=1e-3",

@@ -89,8 +89,8 @@ def test_the_power_of_tost_against_the_test_simulated_and_above_the_noncentral_t
         exact = power.power_tost(delta, var_mean, 12, 0.02, alpha)
         assert exact == pytest.approx(rate, abs=0.012), (delta, var_mean, exact, rate)
         assert power.power_tost_nct_bound(delta, var_mean, 12, 0.02, alpha) <= exact + 1e-9
-    # the rule TOST applies is grpolab.stats.tost's (statsmodels): the same decision on one simulated design
-    from grpolab import stats
+    # the rule TOST applies is grpolab.report.stats.tost's (statsmodels): the same decision on one simulated design
+    from grpolab.report import stats
 
     means = _simulated_means(rng, 0.0, 2.4e-4, 12, 1)[0]
     m, se = means.mean(), means.std(ddof=1) / math.sqrt(12)

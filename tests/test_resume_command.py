@@ -6,7 +6,7 @@ import shlex
 
 from conftest import compose_train_cfg
 
-from grpolab.cli import resume_command
+from grpolab.app.cli import resume_command
 
 
 def test_resume_command_keeps_the_overrides_and_replaces_ckpt_path(tmp_path):

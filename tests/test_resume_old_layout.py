@@ -17,7 +17,7 @@ from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 # k = 4, the reference refreshed every 3 steps, adaptive refresh with a bound that any move of the policy passes
 # (rewards that vary by design, tests/certain_reward.py, so the policy moves at every step with a learning rate): the

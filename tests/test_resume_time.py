@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 from grpolab.run_clock import RunClock
 
 CKPT = ["callbacks.model_checkpoint.every_n_train_steps=4", "callbacks.model_checkpoint.monitor=null",

@@ -1,4 +1,4 @@
-"""grpolab/run_files.py: a run's JSON is written whole or not at all, and read back as "not finished" with one line
+"""grpolab/app/run_files.py: a run's JSON is written whole or not at all, and read back as "not finished" with one line
 when it is not whole; the one decision "finished with every number it owes" on hand-written summaries."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from grpolab import run_files
+from grpolab.app import run_files
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 from conftest import compose_train_cfg
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from grpolab.hydra_names import dirname_suffix
+from grpolab.app.hydra_names import dirname_suffix
 
 
 def test_a_run_folder_names_its_overrides_but_not_paths(tmp_path):

@@ -1,4 +1,4 @@
-"""A multirun job folder's identity and owner (grpolab/run_identity.py): a folder trained under other settings is
+"""A multirun job folder's identity and owner (grpolab/app/run_identity.py): a folder trained under other settings is
 never taken as the same job, and a job running in one process is not started again by a second rerun."""
 
 from __future__ import annotations
@@ -15,8 +15,16 @@ from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 from omegaconf import open_dict
 from test_sweep_resume import ENV, _cmd, _trained
 
-from grpolab.run_identity import IDENTITY, NotThisJob, RunFolderBusy, claim, differing_keys, settings
-from grpolab.sweep_resume import job_state
+from grpolab.app.run_identity import (
+    IDENTITY,
+    NotThisJob,
+    RunFolderBusy,
+    claim,
+    differing_keys,
+    same_setting,
+    settings,
+)
+from grpolab.app.sweep_resume import job_state
 
 SHORT = ("trainer.max_steps=2", "trainer.val_check_interval=2")  # the folder is under test, not the training
 
@@ -56,6 +64,28 @@ def test_a_folder_trained_with_other_settings_is_refused_naming_the_keys(tmp_pat
     (tmp_path / "job" / IDENTITY).write_text(json.dumps(older))
     with claim(_cfg(tmp_path)):
         pass
+
+
+def test_a_folder_recorded_before_a_grpolab_class_moved_is_the_same_job(tmp_path):
+    with claim(_cfg(tmp_path)):
+        pass
+    path = tmp_path / "job" / IDENTITY
+    recorded = json.loads(path.read_text())
+    assert recorded["settings"]["trainer.plugins"] == [{"_target_": "grpolab.checkpoint.io.FileCheckpointIO"}]
+
+    def record(target):
+        values = {**recorded["settings"], "trainer.plugins": [{"_target_": target}]}
+        path.write_text(json.dumps({"hash": "0" * 16, "settings": values}))
+
+    record("grpolab.old_place.FileCheckpointIO")  # a module path that no longer exists: the class moved
+    with claim(_cfg(tmp_path)):
+        pass
+    for other in ("grpolab.old_place.OtherCheckpointIO", "grpolab.models.FileCheckpointIO", "x.FileCheckpointIO"):
+        record(other)  # another class; a module that exists; not grpolab's
+        with pytest.raises(NotThisJob, match=r"trainer\.plugins="), claim(_cfg(tmp_path)):
+            pass
+    assert same_setting("model._target_", "grpolab.gone.TinyCharModel", "grpolab.models.TinyCharModel")
+    assert not same_setting("model.name", "grpolab.gone.TinyCharModel", "grpolab.models.TinyCharModel")
 
 
 def test_a_job_running_in_one_process_is_not_started_by_another(tmp_path):

@@ -7,7 +7,7 @@ from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 # k=3 with a token mask band so narrow that only lag-0 tokens (ratio exactly 1) pass: the steps at lag 1 and 2
 # of each window have every token masked, so their gradient is exactly 0.

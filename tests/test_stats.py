@@ -1,4 +1,4 @@
-"""grpolab.stats: the report's statistics against hand-computed values and scipy's own tests."""
+"""grpolab.report.stats: the report's statistics against hand-computed values and scipy's own tests."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from grpolab import stats
+from grpolab.report import stats
 
 
 def test_mean_se_by_hand():

@@ -1,5 +1,5 @@
 """hydra/launcher=joblib (every core): the launcher config composes, and a job warns in one line when jobs at once x
-torch threads exceed the cores (grpolab/sweep_jobs.py)."""
+torch threads exceed the cores (grpolab/app/sweep_jobs.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 from conftest import compose_train_cfg
 
-from grpolab.sweep_jobs import check_cores, cores_warning, joblib_jobs
+from grpolab.app.sweep_jobs import check_cores, cores_warning, joblib_jobs
 
 
 def test_jobs_at_once_follow_joblibs_rule():

@@ -1,4 +1,4 @@
-"""Multiruns that resume (grpolab/sweep_resume.py): the same ``-m`` command rerun into the same sweep folder skips
+"""Multiruns that resume (grpolab/app/sweep_resume.py): the same ``-m`` command rerun into the same sweep folder skips
 the finished jobs (their files untouched) and resumes the interrupted ones to the uninterrupted run's result."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT
 from safetensors.torch import load_file
 
-from grpolab.sweep_resume import BEFORE_RESUME, job_state, set_aside_metrics, stitch_metrics
+from grpolab.app.sweep_resume import BEFORE_RESUME, job_state, set_aside_metrics, stitch_metrics
 
 TOTAL = 12
 COMMON = [*FAST_OVERRIDES, "val.at_start=false", "trainer.val_check_interval=4", "callbacks.completions.every_n_steps=1000",

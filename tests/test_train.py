@@ -9,8 +9,8 @@ from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpolab.app.run import build, run_training
 from grpolab.module import NonFiniteLossError
-from grpolab.run import build, run_training
 
 
 def _run(tmp_path, *overrides):

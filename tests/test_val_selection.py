@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
+from grpolab.app.run import build, run_training
 from grpolab.errors import ConfigError
-from grpolab.run import build, run_training
 
 SELECT = [*FAST_OVERRIDES, "data.val_size=12", "val.max_prompts=4", "final_eval.enabled=true", "final_eval.split=val",
           "final_eval.num_samples=2", "trainer.max_steps=2", "trainer.val_check_interval=100", "save_policy=false"]

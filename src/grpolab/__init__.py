@@ -1,3 +1,3 @@
 """grpolab: on-policy and off-policy GRPO as a Hydra + PyTorch Lightning framework."""
 
-from grpolab import hydra_names  # noqa: F401  (registers the run-folder name resolver conf/hydra uses)
+from grpolab.app import hydra_names  # noqa: F401  (registers the run-folder name resolver conf/hydra uses)

@@ -9,7 +9,7 @@ Lightning after the model was built.
   target's signature has a simple annotation (``int``, ``float``, ``bool``, ``str``, optionally ``None``
   or a union of these); keys of other types are left to the target. ``algo`` is checked by
   :class:`~grpolab.config.GRPOConfig` (its dataclass annotations), ``val`` and ``seed`` here.
-- A ``ckpt_path`` is read and checked by :mod:`grpolab.checkpoint_reading`.
+- A ``ckpt_path`` is read and checked by :mod:`grpolab.checkpoint.reading`.
 - :func:`check_required` refuses a value left ``???`` (``data.path`` of ``data=jsonl``), and :func:`check_paths`
   a ``data.path`` / ``data.test_path`` file or a local ``model.path`` / ``model.name_or_path`` /
   ``model.tokenizer_path`` folder that does not exist (and, offline, a hub id that is not in the local cache).

@@ -11,7 +11,7 @@ class ConfigError(ValueError):
     that conflict. The message is one sentence that names the key (``trainer.max_steps``) and the fix.
 
     ``src/train.py`` and ``src/eval.py`` print it as one line on stderr, without a traceback, and exit with
-    status 2 (:func:`grpolab.cli.user_errors`); ``GRPOLAB_TRACEBACK=1`` or ``HYDRA_FULL_ERROR=1`` brings the
+    status 2 (:func:`grpolab.app.cli.user_errors`); ``GRPOLAB_TRACEBACK=1`` or ``HYDRA_FULL_ERROR=1`` brings the
     traceback back. A ``ValueError``, so callers that catch ``ValueError`` keep working.
     """
 

@@ -18,7 +18,6 @@ from typing import Any
 import lightning as L
 import torch
 
-from grpolab import frozen_weights
 from grpolab.algo.advantages import group_reward_summary
 from grpolab.algo.aggregation import step_denominator
 from grpolab.algo.diagnostics import (
@@ -33,6 +32,8 @@ from grpolab.algo.losses import grpo_loss, loss_stats_to_metrics, merge_loss_sta
 from grpolab.algo.metric_reduction import step_weights
 from grpolab.algo.sampling_correction import first_use_mismatch, truncated_importance_weights
 from grpolab.callbacks.step_logging import log_step_metrics, log_validation_metrics
+from grpolab.checkpoint import frozen_weights
+from grpolab.checkpoint.rank_state import own_rank_state, rank_lists
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import FP16_SCALER_MESSAGE
 from grpolab.distributed import is_sharded, shard_models
@@ -42,7 +43,6 @@ from grpolab.forward.theorem1 import lower_bound_metrics
 from grpolab.handle import PolicyHandle, ServedBatch
 from grpolab.models import make_reference
 from grpolab.previous_policy import PreviousPolicy
-from grpolab.rank_state import own_rank_state, rank_lists
 from grpolab.reference_refresh import ReferenceRefresh
 from grpolab.rollout.buffer import Minibatch
 from grpolab.run_clock import RunClock
@@ -375,7 +375,7 @@ class GRPOModule(L.LightningModule):
                                  "lag_max": self._lag_max, "skipped_steps": self.skipped_steps,
                                  "previous_policy": None if self._previous is None else self._previous.state_dict()}
         record = {} if is_sharded(self.policy) else self._frozen.for_save(self.state_dict(keep_vars=True))
-        if record:  # the frozen reference / LoRA base: rebuilt from the config at resume (grpolab.frozen_weights)
+        if record:  # the frozen reference / LoRA base: rebuilt from the config at resume (grpolab.checkpoint.frozen_weights)
             frozen_weights.strip(checkpoint["state_dict"], record)
             checkpoint["grpolab"][frozen_weights.RECORD_KEY] = record
 

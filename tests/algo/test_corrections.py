@@ -15,7 +15,7 @@ from conftest import FAST_OVERRIDES, compose_train_cfg
 
 from grpolab.algo import grpo_loss, loss_stats_to_metrics
 from grpolab.algo.loss_config import LossConfig
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 PI = [[0.5, 0.33], [0.45, 0.7]]
 ANCHOR = [[0.4, 0.3], [0.5, 0.7]]

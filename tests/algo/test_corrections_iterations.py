@@ -8,7 +8,7 @@ import pytest
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 # k = 1, i = 4: one minibatch, sampled by the policy itself, used for 4 updates (lag 0..3). A learning rate that
 # moves the tiny random model within one update, and a narrow window (eps 0.02) so a moved token leaves it.

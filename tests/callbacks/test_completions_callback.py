@@ -50,7 +50,7 @@ def test_training_run_logs_completions_to_jsonl_and_a_wandb_table(tmp_path, monk
                                        "seed=3", "trainer.max_steps=3", "trainer.val_check_interval=3",
                                        "logger=wandb", "callbacks.completions.every_n_steps=2",
                                        "callbacks.completions.max_rows=4", "save_policy=false"])
-    from grpolab.run import run_training
+    from grpolab.app.run import run_training
 
     try:
         run_training(cfg)

@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader
 
 from grpolab.algo.metric_reduction import explicit_rule
 from grpolab.algo.sampling_correction import sampling_mismatch_metrics
+from grpolab.app.run import build
 from grpolab.callbacks.step_logging import log_step_metrics
-from grpolab.run import build
 
 
 class _Logs(L.LightningModule):

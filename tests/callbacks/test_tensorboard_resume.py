@@ -9,9 +9,9 @@ from conftest import FAST_OVERRIDES, compose_train_cfg
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from grpolab.app.run import run_training
 from grpolab.callbacks.resumed_run import checkpoint_step
 from grpolab.callbacks.tensorboard_events import carry_events, event_files
-from grpolab.run import run_training
 
 COMMON = [*FAST_OVERRIDES, "logger=tensorboard", "val.at_start=false", "trainer.val_check_interval=2",
           "callbacks.periodic_checkpoint.every_n_train_steps=2", "save_policy=false"]

@@ -29,7 +29,7 @@ def test_auto_is_one_thread_for_the_embedded_models_only():
 
 
 def test_the_default_config_runs_the_tiny_model_on_one_thread(tmp_path):
-    from grpolab.run import build
+    from grpolab.app.run import build
 
     before = torch.get_num_threads()
     try:

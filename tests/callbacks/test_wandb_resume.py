@@ -7,8 +7,8 @@ from __future__ import annotations
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from wandb_records import run_summary
 
+from grpolab.app.run import run_training
 from grpolab.callbacks.wandb_logger import RUN_ID_FILE, read_run_id, run_id
-from grpolab.run import run_training
 
 COMMON = [*FAST_OVERRIDES, "logger=wandb", "val.at_start=false", "trainer.val_check_interval=100",
           "save_policy=false"]

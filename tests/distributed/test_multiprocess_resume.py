@@ -11,8 +11,8 @@ import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from ddp_helpers import COMMON, _weights, train
 
+from grpolab.app.preflight import preflight
 from grpolab.errors import ConfigError
-from grpolab.preflight import preflight
 
 pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
 

@@ -107,7 +107,7 @@ def test_bf16_mixed_run_samples_in_the_training_precision(tmp_path):
     import pandas as pd
     from conftest import FAST_OVERRIDES, compose_train_cfg
 
-    from grpolab.run import run_training
+    from grpolab.app.run import run_training
 
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "trainer.precision=bf16-mixed", "algo=grpo_offpolicy",
                                        "algo.steps_per_generation=2", *varied(),

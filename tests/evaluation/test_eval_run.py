@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
+from grpolab.app.run import run_training
 from grpolab.evaluation.evaluate import evaluate
-from grpolab.run import run_training
 
 # the model/data overrides of FAST_OVERRIDES that an eval of such a run must repeat
 MODEL_DATA = [o for o in FAST_OVERRIDES if o.startswith(("model.", "data."))]

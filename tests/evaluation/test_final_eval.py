@@ -8,7 +8,7 @@ import pytest
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.run import build, run_training
+from grpolab.app.run import build, run_training
 
 
 def test_final_eval_writes_mean_at_n_with_stderr_and_per_prompt(tmp_path):

@@ -11,8 +11,8 @@ from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
+from grpolab.app.run import build, run_training
 from grpolab.errors import ConfigError
-from grpolab.run import build, run_training
 
 # k = 4 with asynchronous generation (lag 4..7 after the first buffer), rewards that vary within every group by
 # design (tests/certain_reward.py) and a learning rate high enough for the tiny random model to drift by about 1e-2

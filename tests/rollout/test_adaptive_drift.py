@@ -21,12 +21,12 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from grpolab.algo.diagnostics import drift_sum, policy_sampler_divergence
 from grpolab.algo.metric_reduction import WEIGHT_NAMES
+from grpolab.app.run import run_training
 from grpolab.callbacks.step_logging import reduce_over_ranks
 from grpolab.distributed import reduce_floats_over_ranks
 from grpolab.rollout.rules.base import RefreshRecord, one_process
 from grpolab.rollout.rules.drift import DriftRefresh
 from grpolab.rollout.schedule import Schedule
-from grpolab.run import run_training
 
 
 def test_drift_is_measured_over_completion_tokens_not_the_loss_mask():

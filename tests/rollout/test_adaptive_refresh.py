@@ -8,10 +8,10 @@ from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
+from grpolab.app.run import run_training
 from grpolab.config import GRPOConfig
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.settings import RolloutConfig
-from grpolab.run import run_training
 
 # k = 4, a learning rate high enough for the tiny random model to drift measurably within a buffer
 COMMON = [*FAST_OVERRIDES, "algo=grpo_offpolicy", "algo.steps_per_generation=4", "algo.learning_rate=1e-2",

@@ -10,8 +10,8 @@ from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoModelForCausalLM
 
+from grpolab.app.run import run_training
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
-from grpolab.run import run_training
 
 ASYNC = ["rollout=hf_copy", "rollout.async_generation=true"]
 TIMING = ("step_time", "time/", "tokens_per_second")
@@ -168,8 +168,8 @@ def test_the_trainer_takes_every_core_on_a_fixed_schedule(tmp_path, engine):
     # k=4: the next buffer is generated beside steps 0-1 of each buffer (overlap_steps null = 2), trainer and
     # sampler on half the cores; at step 2 the trainer waits for it and takes every core. A slow sampler changes
     # nothing in the schedule (timing never decides a thread count, so the bits cannot depend on it).
+    from grpolab.app.run import build
     from grpolab.rollout.background import half_cores
-    from grpolab.run import build
 
     before = torch.get_num_threads()
     torch.set_num_threads(2 * half_cores())

@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
+from grpolab.app.run import build, run_training
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams, left_pad
 from grpolab.rollout.engines.hf_copy import HFSamplerCopyEngine
 from grpolab.rollout.schedule import Schedule
-from grpolab.run import build, run_training
 
 
 class NaiveDecodeEngine(GenerationEngine):

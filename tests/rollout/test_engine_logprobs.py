@@ -83,7 +83,7 @@ def test_mismatch_is_measured_at_lag_zero_only_without_recompute(tiny_spec, arit
 def test_rollout_vllm_without_vllm_names_the_install_command(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
-    from grpolab.run import build
+    from grpolab.app.run import build
 
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "rollout=vllm"])
     with pytest.raises(Exception, match=r'pip install -e "\.\[vllm\]"') as err:  # Hydra wraps the ImportError
@@ -101,7 +101,7 @@ def test_rollout_vllm_without_vllm_names_the_install_command(tmp_path):
 
 
 def test_correction_without_an_engine_that_reports_log_probs_is_an_error(tmp_path):
-    from grpolab.run import build
+    from grpolab.app.run import build
 
     cfg = compose_train_cfg(tmp_path, [*FAST_OVERRIDES, "algo.vllm_importance_sampling_correction=true"])
     with pytest.raises(ValueError, match="algo.vllm_importance_sampling_correction"):

@@ -21,13 +21,13 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from grpolab.algo.ess import LEVELS, effective_sample_size
 from grpolab.algo.metric_reduction import WEIGHT_NAMES, Rule, explicit_rule
+from grpolab.app.run import run_training
 from grpolab.callbacks.step_logging import reduce_over_ranks
 from grpolab.distributed import reduce_floats_over_ranks
 from grpolab.handle import ServedBatch
 from grpolab.rollout.rules.base import RefreshRecord, one_process
 from grpolab.rollout.rules.ess import EssRefresh
 from grpolab.rollout.schedule import Schedule
-from grpolab.run import run_training
 
 
 def _served(log_ratio: torch.Tensor, mask: torch.Tensor) -> ServedBatch:

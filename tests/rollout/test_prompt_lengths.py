@@ -13,9 +13,9 @@ import pytest
 from conftest import FAST_OVERRIDES, compose_train_cfg
 from transformers import AutoTokenizer
 
+from grpolab.app.run import build, run_training
 from grpolab.models import PretrainedModel
 from grpolab.rollout.prompt_lengths import default_max_prompt_length
-from grpolab.run import build, run_training
 
 
 def _rows_file(tmp_path, long_at: int | None = 17, n: int = 40):

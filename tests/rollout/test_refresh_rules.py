@@ -21,11 +21,11 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from grpolab.algo.metric_reduction import Rule, explicit_rule
+from grpolab.app.preflight import preflight
+from grpolab.app.run import run_training
 from grpolab.config import GRPOConfig
 from grpolab.errors import ConfigError
-from grpolab.preflight import preflight
 from grpolab.rollout.settings import resolve_rollout
-from grpolab.run import run_training
 
 HERE = Path(__file__).parent
 CONF = HERE / "conf"  # conf/rollout/refresh/reward_record.yaml: the test rule's yaml
@@ -152,7 +152,7 @@ def test_the_data_module_names_no_rule():
 
 
 def test_a_key_of_a_rule_not_chosen_says_how_to_choose_it():
-    from grpolab.cli import unknown_overrides  # what src/train.py checks first: one line, exit 2
+    from grpolab.app.cli import unknown_overrides  # what src/train.py checks first: one line, exit 2
 
     [message] = unknown_overrides(REPO_ROOT / "conf", "train", ["rollout.refresh.drift.max_drift=0.1"])
     assert message.startswith("rollout.refresh.drift.max_drift: rollout.refresh.drift is the option drift of the "

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 COMMON = ["algo=grpo_offpolicy", "algo.steps_per_generation=3", "trainer.val_check_interval=100",
           "val.at_start=false", "callbacks.model_checkpoint.every_n_train_steps=1",
@@ -66,7 +66,7 @@ def test_unchanged_settings_resume_as_before(tmp_path, mid_buffer_ckpt):
 
 def test_a_resume_the_buffer_cannot_serve_is_refused_before_any_model(tmp_path, mid_buffer_ckpt):
     # the data module's state is read from the checkpoint by preflight, before Lightning or a model is touched
-    from grpolab.preflight import DATAMODULE_STATE_KEY, preflight
+    from grpolab.app.preflight import DATAMODULE_STATE_KEY, preflight
     from grpolab.rollout.datamodule import RolloutDataModule
 
     assert DATAMODULE_STATE_KEY == RolloutDataModule.__qualname__  # the key Lightning saves the state under

@@ -18,7 +18,7 @@ import torch
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
-from grpolab.run import run_training
+from grpolab.app.run import run_training
 
 HERE = Path(__file__).resolve().parent
 COMMON = [*FAST_OVERRIDES, "val.at_start=false", "trainer.val_check_interval=1000",

@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import FAST_OVERRIDES, compose_train_cfg
 
+from grpolab.app.run import run_training
 from grpolab.config import GRPOConfig
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.producer import RolloutProducer
-from grpolab.run import run_training
 
 
 def test_a_prompt_drawn_twice_makes_two_groups_of_g(tiny_spec, arithmetic_task, exact_reward):

@@ -1,4 +1,4 @@
-"""grpolab/slurm.py without a cluster: which signals requeue, which id is requeued, which checkpoint a requeued
+"""grpolab/app/slurm.py without a cluster: which signals requeue, which id is requeued, which checkpoint a requeued
 job resumes from (SLURM's environment variables set as SLURM sets them)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from conftest import REPO_ROOT
 from omegaconf import OmegaConf
 
-from grpolab import slurm
+from grpolab.app import slurm
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_a_job_started_from_ckpt_path_and_requeued_resumes_from_its_own_progress
 def test_a_requeued_single_run_keeps_its_first_allocations_metrics_rows(no_slurm, tmp_path):
     """Issue 39 item 4: Lightning's CSV logger starts ``metrics.csv`` anew in the requeued allocation; the rows
     before the checkpoint are set aside and put back in front of the new ones (rows after it are logged again)."""
-    from grpolab.sweep_resume import stitch_metrics
+    from grpolab.app.sweep_resume import stitch_metrics
 
     _ckpt(tmp_path / "checkpoints" / "last.ckpt", 3)
     rows = ["step,train/loss,val/accuracy", "0,,0.25", *(f"{s},0.{s},"for s in range(5))]
@@ -105,7 +105,7 @@ echo "requeued $2"
 _REQUEUE_IN_A_JOB = """
 import logging, signal, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
-from grpolab import slurm
+from grpolab.app import slurm
 print("returned", slurm.requeue(signal.SIGUSR1), flush=True)
 """
 
@@ -115,7 +115,7 @@ def _fake_scontrol(folder: Path, script: str) -> dict:
     (folder / "scontrol").write_text(script)
     (folder / "scontrol").chmod(0o755)
     return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "81",
-            "SLURM_PROCID": "0", "PYTHONPATH": str(Path(slurm.__file__).parents[1])}
+            "SLURM_PROCID": "0", "PYTHONPATH": str(Path(slurm.__file__).parents[2])}
 
 
 def test_the_sigterm_that_slurm_answers_a_requeue_with_does_not_cut_scontrol_or_the_run(tmp_path):
@@ -141,7 +141,7 @@ def test_a_failed_requeue_gives_sigterm_its_handler_back(no_slurm, tmp_path):
 def test_a_requeued_job_without_its_last_ckpt_says_it_starts_over(no_slurm, tmp_path, caplog):
     no_slurm.setenv("SLURM_JOB_ID", "90")
     no_slurm.setenv("SLURM_RESTART_COUNT", "1")
-    with caplog.at_level("WARNING", logger="grpolab.slurm"):
+    with caplog.at_level("WARNING", logger="grpolab.app.slurm"):
         assert slurm.resume_after_requeue(_cfg(tmp_path / "a_new_timestamped_folder")).ckpt_path is None
     assert "requeued (restart 1), but its run folder" in caplog.text and "hydra.run.dir=" in caplog.text
 

@@ -15,12 +15,12 @@ from conftest import FAST_OVERRIDES, TINY_ARCH, compose_train_cfg
 
 pytest.importorskip("vllm")
 
+from grpolab.app.run import build, summarize  # noqa: E402
 from grpolab.forward.logprob_pass import batched_log_probs  # noqa: E402
 from grpolab.models import TinyCharModel  # noqa: E402
 from grpolab.rollout.engines.base import SamplingParams  # noqa: E402
 from grpolab.rollout.engines.vllm import VLLMGenerationEngine  # noqa: E402
 from grpolab.rollout.engines.vllm_check import check_push  # noqa: E402
-from grpolab.run import build, summarize  # noqa: E402
 
 # vLLM's CPU attention kernels reject a head size of 16 (TINY_ARCH's 32 / 2 heads): one head of 32.
 VLLM_ARCH = {**TINY_ARCH, "num_attention_heads": 1, "num_key_value_heads": 1}
@@ -65,7 +65,7 @@ def assert_resume_at_step4_is_exact(tmp_path, common):
     step 3), and assert the same completions, weight pushes, final weights, and lag/reward/loss at steps 4 on."""
     from transformers import AutoModelForCausalLM
 
-    from grpolab.run import run_training
+    from grpolab.app.run import run_training
 
     full_summary = run_training(compose_train_cfg(tmp_path / "full", common))
     ckpt = tmp_path / "full" / "checkpoints" / "step4.ckpt"

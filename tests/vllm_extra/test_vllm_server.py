@@ -37,12 +37,12 @@ from test_vllm_engine import (  # noqa: E402
     perturb_policy,
 )
 
+from grpolab.app.run import build, summarize  # noqa: E402
 from grpolab.models import TinyCharModel  # noqa: E402
 from grpolab.rollout.engines.base import SamplingParams  # noqa: E402
 from grpolab.rollout.engines.vllm_server.engine import VLLMServerEngine  # noqa: E402
 from grpolab.rollout.engines.vllm_server.process import ServerError  # noqa: E402
 from grpolab.rollout.sampler_failure import SamplerFailure  # noqa: E402
-from grpolab.run import build, summarize  # noqa: E402
 
 ARCH_OVERRIDES = ["model.num_attention_heads=1", "model.num_key_value_heads=1",
                   f"rollout.kv_cache_memory_bytes={KV_BYTES}", "rollout=vllm_server"]

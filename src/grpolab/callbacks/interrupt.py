@@ -9,7 +9,7 @@ so a resume from it is exact) and raises :class:`TrainingInterrupted`, which Lig
 ``on_exception`` hooks and teardown. ``run_training`` catches it, writes ``summary.json`` (``"interrupted": true``,
 ``"signal"``, ``"steps"``) and ``policy/``, and ``src/train.py`` exits with 128 + the signal number (130 for
 SIGINT, 143 for SIGTERM, 129 for SIGHUP). Once the terminal is gone, nothing written to the console can stop
-the save (:mod:`grpolab.console`).
+the save (:mod:`grpolab.app.console`).
 
 Several processes (DDP/FSDP): each rank's flag is max-reduced over the ranks at every step boundary, so when only
 rank 0 gets the signal (``kill <pid>``) every rank still stops at the same step, saves its part of the checkpoint
@@ -50,7 +50,7 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from grpolab.sweep_signals import pending_signal
+from grpolab.app.sweep_signals import pending_signal
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class StopOnSignal(L.Callback):
     Args:
         ckpt_dir: where ``last.ckpt`` goes (the ``ModelCheckpoint`` dirpath, so a later save_last overwrites it).
         signals: the signals that stop the run (default SIGINT, SIGTERM; inside SLURM also USR1/USR2, see
-            :mod:`grpolab.slurm`).
+            :mod:`grpolab.app.slurm`).
     """
 
     def __init__(self, ckpt_dir: str | Path, signals: tuple[int, ...] = SIGNALS) -> None:
@@ -110,7 +110,7 @@ class StopOnSignal(L.Callback):
         ``fit``/``validate`` (a SIGTERM notifier that broadcasts from inside the handler under DDP, and loops that
         then exit with status 0); this re-installs ours right after that registration, for every signal of
         ``signals`` (inside a SLURM job also USR1/USR2, so our step-boundary save and requeue replace Lightning's
-        mid-step auto-requeue: :mod:`grpolab.slurm`). ``on_train_start``/``on_validation_start`` re-install too, in case
+        mid-step auto-requeue: :mod:`grpolab.app.slurm`). ``on_train_start``/``on_validation_start`` re-install too, in case
         a Lightning version has no such registration method."""
         self._trainer = trainer
         connector = getattr(trainer, "_signal_connector", None)

@@ -1,5 +1,5 @@
 """A TensorBoard run continued across resumes: the events logged before the checkpoint carried into the log folder
-the resumed run writes to, as ``metrics.csv``'s rows are across a multirun rerun (:mod:`grpolab.sweep_resume`).
+the resumed run writes to, as ``metrics.csv``'s rows are across a multirun rerun (:mod:`grpolab.app.sweep_resume`).
 
 A resumed run logs again from the checkpoint's step ``S``, so the carried events are those of the steps before
 ``S`` and the validation at ``S`` (the checkpoint was saved after it; it is not redone): the steps logged after a

@@ -24,13 +24,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from grpolab import frozen_weights
+from grpolab.app.run_files import write_json
+from grpolab.checkpoint import frozen_weights
 from grpolab.config_checks import check_paths, check_required, check_types, type_error
 from grpolab.errors import ConfigError
 from grpolab.evaluation.metrics import maj_at_k, mean_at_n, pass_at_k, standard_error
 from grpolab.evaluation.run_info import check_run_data, run_folder
 from grpolab.rollout.settings import resolve_rollout
-from grpolab.run_files import write_json
 from grpolab.verifiers.extract import boxed_contents, final_answer_region
 
 log = logging.getLogger("grpolab.eval")
@@ -98,13 +98,13 @@ def load_policy(cfg: DictConfig, spec: Any, task: Any) -> torch.nn.Module:
     Raises:
         FileNotFoundError: if ``ckpt_path`` does not exist.
         grpolab.errors.ConfigError: if ``ckpt_path`` holds anything but weights and plain values (it could run code).
-        grpolab.frozen_weights.FrozenWeightsMismatch: the config builds another LoRA base than the checkpoint's.
+        grpolab.checkpoint.frozen_weights.FrozenWeightsMismatch: the config builds another LoRA base than the checkpoint's.
         KeyError: if the checkpoint has no ``state_dict`` or no ``policy.`` weights.
         RuntimeError: if the checkpoint's weights do not fit the model config (the message lists keys).
     """
     policy = spec.load_policy(task)
     if cfg.get("ckpt_path"):
-        from grpolab.checkpoint_reading import check_checkpoint, load_checkpoint
+        from grpolab.checkpoint.reading import check_checkpoint, load_checkpoint
 
         path = check_checkpoint(cfg.ckpt_path)  # missing, empty or truncated: an error naming the path
         ckpt = load_checkpoint(path, mmap=False)  # weights and plain values only: a file that runs code is refused

@@ -1,7 +1,7 @@
 """Memory plan of a GRPO run: bytes per process, from the model's shape and the run's settings.
 
 Pure arithmetic on integers: no model, tokenizer or tensor is built, and nothing here imports torch or
-Lightning. :mod:`grpolab.plan.from_config` reads a composed config into :class:`PlanInputs`, logs the table and
+Lightning. :mod:`grpolab.app.plan_from_config` reads a composed config into :class:`PlanInputs`, logs the table and
 refuses a run that cannot fit before anything is loaded.
 
 What a process holds (a Qwen2-style decoder: q/k/v with biases, SwiGLU MLP, RMSNorm, optional tied head):
@@ -9,7 +9,7 @@ What a process holds (a Qwen2-style decoder: q/k/v with biases, SwiGLU MLP, RMSN
 * persistent: the weights; AdamW's two moment tensors (``torch.optim.AdamW`` allocates them with
   ``zeros_like(param)``, so they take the parameter's dtype); the reference model (a copy of the weights when
   ``algo.beta > 0`` with full fine-tuning; nothing with ``beta = 0`` or LoRA, whose reference is the base with
-  the adapters off); the sampler, as its engine declares it (:class:`~grpolab.sampler_memory.SamplerMemory`:
+  the adapters off); the sampler, as its engine declares it (:class:`~grpolab.plan.sampler_memory.SamplerMemory`:
   a copy of the weights, a reserved cache, a kept push; nothing in place); DDP's gradient buckets (a second copy of the gradients,
   ``gradient_as_bucket_view`` is off); under FSDP the unsharded root (embeddings, head) and two decoder layers
   gathered at a time;
@@ -45,14 +45,14 @@ Checked against the eight rows of ``benchmarks/memory.py``'s 100M-parameter tabl
 -8% to +8% of each measured peak RSS, with 115 prompt tokens: the mean longest of two GSM8K prompts; the
 checkpointed rows -8% to +5%) and against a tiny training run's peak RSS in ``tests/test_plan_run.py``.
 
-Checkpoint saves add nothing: :class:`grpolab.checkpoint_io.FileCheckpointIO` (``trainer.plugins``) streams
+Checkpoint saves add nothing: :class:`grpolab.checkpoint.io.FileCheckpointIO` (``trainer.plugins``) streams
 them to disk (Lightning's own ``TorchCheckpointIO`` would hold a second copy of the weights and optimizer state,
 the real-shape runs' unplanned peak before it).
 
 Ignored: the allocator's fragmentation and caching: the CUDA caching allocator; glibc's heap. Under glibc's
 dynamic mmap threshold (``malloc_mmap_threshold=null``) glibc serves tensors under 32 MiB from the heap, whose
 freed holes stay resident: not planned, so ``malloc_mmap_threshold: auto`` fixes the threshold for every model but
-the embedded tiny ones (:mod:`grpolab.malloc`; measured: a tiny model's step with 20 MiB logit rows 20% above the
+the embedded tiny ones (:mod:`grpolab.app.malloc`; measured: a tiny model's step with 20 MiB logit rows 20% above the
 plan under the dynamic threshold, 1% fixed; a Qwen2.5-1.5B LoRA step with checkpointing 37% above, 6% under fixed).
 Also ignored: the CUDA context beyond ``RUNTIME_BYTES``, attention score matrices (sdpa's fused kernels do not materialise them for GQA
 models; the math fallback would), no-grad log-prob passes (reference, sampler, lower bound: smaller than the
@@ -64,12 +64,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grpolab.errors import ConfigError
-
-if TYPE_CHECKING:  # the engine's half of the plan; this module only reads its two totals
-    from grpolab.sampler_memory import SamplerMemory
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -235,7 +232,7 @@ def layer_activation_bytes(shape: ModelShape, rows: int, prompt_length: int, com
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """Everything the plan depends on, per process (see :mod:`grpolab.plan.from_config` for the config keys).
+    """Everything the plan depends on, per process (see :mod:`grpolab.app.plan_from_config` for the config keys).
 
     Attributes:
         shape: the model. param_bytes: bytes per weight (2 or 4). compute_bytes: bytes per activation, logit
@@ -243,7 +240,9 @@ class PlanInputs:
             are then also cast to 16 bits once per step). adapter_bytes: bytes per LoRA parameter (PEFT keeps
             adapters in float32 unless the precision converts the whole model).
         lora_r, lora_target_modules: ``model.lora``. beta: ``algo.beta``. fused_optimizer: AdamW ``fused``.
-        sampler: what the engine declared (``GenerationEngine.memory_needs``); None = no sampler memory.
+        sampler: what the engine declared (``GenerationEngine.memory_needs``), a
+            :class:`~grpolab.plan.sampler_memory.SamplerMemory` (its totals, knobs and notes read, not imported:
+            sampler_memory builds on this module); None = no sampler memory.
             async_generation: generation overlaps training.
         completions_per_step, micro_batch_size, num_generations, prompt_length, completion_length: ``algo``.
         gradient_checkpointing,
@@ -260,7 +259,7 @@ class PlanInputs:
     lora_target_modules: Any = LINEAR_NAMES
     beta: float = 0.0
     fused_optimizer: bool = True
-    sampler: SamplerMemory | None = None
+    sampler: Any = None  # a SamplerMemory (see above)
     async_generation: bool = False
     completions_per_step: int = 64
     micro_batch_size: int | None = None

@@ -1,6 +1,6 @@
 """The memory plan's verdict: does the run fit the memory it will have, and which single setting would make it fit.
 
-:mod:`grpolab.plan.from_config` maps a config onto a plan; this module reads ``plan.device_memory`` (the device size to plan
+:mod:`grpolab.app.plan_from_config` maps a config onto a plan; this module reads ``plan.device_memory`` (the device size to plan
 against when the machine planning is not the one that will run, e.g. ``+plan_only=true`` on a laptop for an 80 GiB
 GPU) and tries settings one at a time by re-planning a copy of the config (``replan``), so the verdict names the knobs
 that are enough on their own, with the peak each gives. Nothing here builds or loads a model.

@@ -16,10 +16,10 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
+from grpolab.checkpoint.rank_state import with_rollout_ranks
 from grpolab.config import GRPOConfig
 from grpolab.distributed import reduce_floats_over_ranks
 from grpolab.handle import PolicyHandle
-from grpolab.rank_state import with_rollout_ranks
 from grpolab.rollout.buffer import Minibatch, RolloutBuffer
 from grpolab.rollout.engines.base import GenerationEngine
 from grpolab.rollout.producer import RolloutProducer

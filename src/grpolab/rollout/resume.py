@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from grpolab.checkpoint.rank_state import own_rollout_state
 from grpolab.errors import ConfigError
-from grpolab.rank_state import own_rollout_state
 from grpolab.rollout.buffer import RolloutBuffer
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def resumable_state(state: dict[str, Any], cfg: Any, rank: int, world: int,
 
     Returns:
         ``(state, keep)``: with this rank's own entries when the process count is the saved one
-        (:func:`~grpolab.rank_state.own_rollout_state`) and the prompt order under ``prompt_order`` (older
+        (:func:`~grpolab.checkpoint.rank_state.own_rollout_state`) and the prompt order under ``prompt_order`` (older
         checkpoints named it ``sampler``); ``keep`` is False when the saved buffers are dropped.
 
     Raises:

@@ -5,7 +5,7 @@ One ``sweep`` call (one command):
 1. opens the study in ``storage`` (created on the first run, loaded on a rerun: the plugin's ``load_if_exists``);
 2. runs again every trial an earlier command left ``RUNNING`` (a Ctrl-C, SIGTERM or a kill stopped it before its
    value was told), with the overrides it had (kept in the trial's user attribute ``grpolab_overrides``) and
-   ``hydra.job.num`` = its number, so it lands in its own job folder and ``grpolab/sweep_resume.py`` resumes it from
+   ``hydra.job.num`` = its number, so it lands in its own job folder and ``grpolab/app/sweep_resume.py`` resumes it from
    ``last.ckpt`` (or returns the summary of a job that had finished); a trial still running in a live process of
    this machine (``grpolab_process``: host and pid) is left alone;
 3. asks ``n_trials`` minus the trials already in the study new ones, ``n_jobs`` at a time, each job numbered by

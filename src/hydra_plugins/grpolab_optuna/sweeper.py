@@ -11,7 +11,7 @@ The same keys as the plugin's (https://hydra.cc/docs/plugins/optuna_sweeper/), o
 What differs from the plugin's sweeper (:mod:`._impl`): rerunning the same command into the same sweep folder
 continues the study in the storage: it runs only the trials the study still misses (``n_trials`` in all, failed
 ones counted), and a trial a Ctrl-C or a kill left running is run again first, with its overrides and in its job
-folder, where ``grpolab/sweep_resume.py`` resumes it from ``last.ckpt`` (or takes the finished summary). Every trial
+folder, where ``grpolab/app/sweep_resume.py`` resumes it from ``last.ckpt`` (or takes the finished summary). Every trial
 is a normal job folder, ``<trial number>_<overrides>`` (``hydra.job.num`` is the trial's number, so a rerun never
 lands in an earlier trial's folder). A seeded sampler continuing a study draws with ``seed + the trials it holds``.
 A job that returns no objective (None, NaN, an error) is told to the study as a failed trial, never as a score.

@@ -18,7 +18,7 @@ from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurmLauncher
 
-from grpolab.cli import fail, wants_traceback
+from grpolab.app.cli import fail, wants_traceback
 
 
 def slurm_error_line(ex: BaseException) -> str:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from grpolab.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
+from grpolab.plan.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
 
 
 @dataclass
@@ -142,16 +142,16 @@ class GenerationEngine(ABC):
         memory plan before any model is built; the plan only adds the numbers).
 
         Default, for an engine that declares nothing: it decodes every sequence of a refresh at once on the training
-        device (:func:`~grpolab.sampler_memory.decode_cache_bytes` of ``shape.train_rows``), holds a torch copy of the
+        device (:func:`~grpolab.plan.sampler_memory.decode_cache_bytes` of ``shape.train_rows``), holds a torch copy of the
         policy (``shape.policy_bytes``) when it owns its weights, and validates on an engine like itself; a note
         says so. An engine overrides it with its own arithmetic (the engines that ship do).
 
         Args:
             args: the ``rollout`` node without the schedule keys (``_target_`` and the constructor arguments).
-            shape: what the run asks of a sampler (:class:`~grpolab.sampler_memory.GenerationShape`).
+            shape: what the run asks of a sampler (:class:`~grpolab.plan.sampler_memory.GenerationShape`).
 
         Returns:
-            A :class:`~grpolab.sampler_memory.SamplerMemory` (bytes per training process).
+            A :class:`~grpolab.plan.sampler_memory.SamplerMemory` (bytes per training process).
         """
         copy = shape.policy_bytes if cls.owns_weights else 0
         return SamplerMemory(

@@ -17,10 +17,10 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from grpolab.algo.masks import completion_mask
 from grpolab.errors import ConfigError
+from grpolab.plan.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams, left_pad
 from grpolab.rollout.engines.decode import sample_completions, supports_decode_loop
 from grpolab.rollout.engines.kv_cache import CACHE_IMPLEMENTATIONS
-from grpolab.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
 
 GENERATION_BATCH_KNOB = "rollout.generation_batch_size=16 (sequences per generate call)"
 
@@ -98,7 +98,7 @@ class HFGenerationEngine(GenerationEngine):
         (validation samples in place too: ``shape.eval_rows`` capped alike).
 
         Returns:
-            :class:`~grpolab.sampler_memory.SamplerMemory` in bytes per training process.
+            :class:`~grpolab.plan.sampler_memory.SamplerMemory` in bytes per training process.
         """
         cap = args.get("generation_batch_size") or None
         rows, eval_rows = (min(r, cap) if cap else r for r in (shape.train_rows, shape.eval_rows))

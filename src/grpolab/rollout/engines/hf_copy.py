@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from grpolab.plan.sampler_memory import GenerationShape, SamplerMemory
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.engines.hf import HFGenerationEngine
-from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 
 class HFSamplerCopyEngine(HFGenerationEngine):

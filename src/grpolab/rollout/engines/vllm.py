@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from grpolab.lora import full_policy_state
+from grpolab.plan.sampler_memory import GenerationShape, SamplerMemory
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.engines.completions import to_generation
 from grpolab.rollout.engines.hf import HFGenerationEngine
@@ -47,7 +48,6 @@ from grpolab.rollout.engines.vllm_check import (
     check_push,
 )
 from grpolab.rollout.engines.vllm_knobs import CPU_DEFAULT_KV_CACHE_BYTES, check_vllm_knobs, vllm_memory
-from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from grpolab.errors import ConfigError
-from grpolab.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
+from grpolab.plan.sampler_memory import GenerationShape, SamplerMemory, decode_cache_bytes
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30  # 1 GiB when neither rollout.kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE is set
 SERVER_NOTE = "the sampler server's own memory is on its own devices: not planned here"
@@ -63,7 +63,7 @@ def vllm_memory(args: dict[str, Any], shape: GenerationShape, own_devices: bool 
             process nothing; only the kept push (async) and validation count.
 
     Returns:
-        :class:`~grpolab.sampler_memory.SamplerMemory` in bytes per training process.
+        :class:`~grpolab.plan.sampler_memory.SamplerMemory` in bytes per training process.
     """
     weights = shape.weight_copy_bytes
     share = shape.on_gpu and shape.device_bytes is not None and not own_devices

@@ -39,12 +39,12 @@ import torch
 
 from grpolab.errors import ConfigError
 from grpolab.lora import full_policy_state
+from grpolab.plan.sampler_memory import GenerationShape, SamplerMemory
 from grpolab.rollout.engines.base import Generation, GenerationEngine, SamplingParams
 from grpolab.rollout.engines.completions import to_generation
 from grpolab.rollout.engines.hf import HFGenerationEngine
 from grpolab.rollout.engines.vllm_check import check_push
 from grpolab.rollout.engines.vllm_knobs import vllm_memory
-from grpolab.sampler_memory import GenerationShape, SamplerMemory
 
 from .guards import check_weight_versions
 from .process import RequestPool, ServerClient, ServerError, ServerProcess, free_port

@@ -2,7 +2,7 @@
 
 Every engine declares its own needs with :meth:`~grpolab.rollout.engines.base.GenerationEngine.memory_needs`, from
 its constructor arguments (the ``rollout`` node) and a :class:`GenerationShape` (what the run asks of a sampler);
-the plan (:mod:`grpolab.plan.from_config`, :mod:`grpolab.plan.memory`) only adds the numbers of the
+the plan (:mod:`grpolab.app.plan_from_config`, :mod:`grpolab.plan.memory`) only adds the numbers of the
 :class:`SamplerMemory` it gets back, so an engine added later plans its memory without any edit to the plan.
 
 Pure arithmetic on integers, like :mod:`grpolab.plan.memory`: nothing here imports torch or an engine.

@@ -265,7 +265,7 @@ def resume_command(ckpt_path: str | Path | None, script: str | None = None) -> s
     override is replaced by ``ckpt_path`` (None: kept as it was, for a run stopped before it saved anything).
     Hydra's own overrides (``hydra.run.dir``) are left out: the continuation gets a new run folder. Each item is
     shell-quoted (:func:`shlex.join`). ``script``: defaults to ``sys.argv[0]``. In a multirun job: how to rerun the
-    sweep into its own folder instead (the job's folder then resumes in place, :mod:`grpolab.sweep_resume`).
+    sweep into its own folder instead (the job's folder then resumes in place, :mod:`grpolab.app.sweep_resume`).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

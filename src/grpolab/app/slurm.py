@@ -30,7 +30,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from grpolab.sweep_resume import checkpoint_step, set_aside_metrics
+from grpolab.app.sweep_resume import checkpoint_step, set_aside_metrics
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def resume_after_requeue(cfg: DictConfig) -> DictConfig:
     """In a requeued SLURM job, set ``cfg.ckpt_path`` to the run folder's ``last.ckpt`` (see
     :func:`requeued_ckpt_path`), in place, before the config is checked, and set the first allocations'
     ``metrics.csv`` rows aside so they are put back in front of this allocation's when the run ends (Lightning's CSV
-    logger starts its file anew: :func:`grpolab.sweep_resume.set_aside_metrics`). Returns ``cfg``."""
+    logger starts its file anew: :func:`grpolab.app.sweep_resume.set_aside_metrics`). Returns ``cfg``."""
     path = requeued_ckpt_path(cfg)
     if path is None and restart_count() > 0 and not cfg.get("ckpt_path"):
         log.warning("SLURM job %s requeued (restart %d), but its run folder %s holds no last.ckpt: it starts over. "

@@ -12,9 +12,9 @@ run's files on its own.
   (not interrupted, not failed, ``trainer.max_steps`` steps, and the final eval's ``<split>_mean_at_<n>`` when
   ``final_eval.enabled``), and if not, why, in words.
 
-``grpolab/sweep_resume.py`` (skip or resume a multirun job), ``sweeps/sweep_status.py`` (the state of each job and
+``grpolab/app/sweep_resume.py`` (skip or resume a multirun job), ``sweeps/sweep_status.py`` (the state of each job and
 the results rows), ``sweeps/report.py`` and ``src/eval.py`` (the run an evaluated policy comes from) read runs
-through it; ``grpolab/run.py`` writes ``summary.json`` and ``final_eval.json`` through it.
+through it; ``grpolab/app/run.py`` writes ``summary.json`` and ``final_eval.json`` through it.
 """
 
 from __future__ import annotations

@@ -13,12 +13,16 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from grpolab.app.cli import resume_command
+from grpolab.app.plan_from_config import plan_summary
+from grpolab.app.preflight import Checked, preflight
+from grpolab.app.run_files import write_json
+from grpolab.app.slurm import requeue, requeue_signals, will_requeue
 from grpolab.callbacks.hparams import log_config
 from grpolab.callbacks.interrupt import SIGNALS, StopOnSignal, TrainingInterrupted
 from grpolab.callbacks.progress import silence_expected_lightning_warnings
 from grpolab.callbacks.sampler_failure import SaveOnSamplerFailure, summary_keys
 from grpolab.callbacks.threads import apply_torch_threads
-from grpolab.cli import resume_command
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import checkpoint_cadence_warning
 from grpolab.distributed import sum_over_ranks
@@ -26,13 +30,9 @@ from grpolab.evaluation.final import FinalEvalStopped, final_eval
 from grpolab.lora import count_parameters
 from grpolab.lora import save_policy as save_policy_files
 from grpolab.module import GRPOModule
-from grpolab.plan.from_config import plan_summary
-from grpolab.preflight import Checked, preflight
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.sampler_failure import SamplerFailure
-from grpolab.run_files import write_json
-from grpolab.slurm import requeue, requeue_signals, will_requeue
 
 log = logging.getLogger("grpolab")
 
@@ -49,7 +49,7 @@ def _build(cfg: DictConfig, node: str, **kwargs: Any) -> Any:
 def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
     """Validate every setting, then instantiate task, verifier, model spec, module, engine, data module, trainer.
 
-    Settings are validated once, by :func:`~grpolab.preflight.preflight` (``checked``: its result when the caller
+    Settings are validated once, by :func:`~grpolab.app.preflight.preflight` (``checked``: its result when the caller
     already ran it, as ``src/train.py`` does before importing Lightning), before any model is built, and never
     changed afterwards; the parts get built objects or narrow values (the tokenizer, a policy handle), never the
     config.
@@ -107,7 +107,7 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
     ``"interrupted"`` is true when training stopped before its end (``src/train.py`` then exits with 128 + the
     signal number); a stop after the last training step (the final validation or eval) leaves training complete:
     ``"interrupted": false``, with ``"signal"`` and ``"stopped_in"`` saying what was cut short (the run is not
-    finished until those numbers are in: :func:`grpolab.run_files.run_status`; ``src/train.py`` exits with the
+    finished until those numbers are in: :func:`grpolab.app.run_files.run_status`; ``src/train.py`` exits with the
     signal's status here too, so a sweep stops).
     """
     start = time.perf_counter()
@@ -174,7 +174,7 @@ def _phase(stop: StopOnSignal, trainer: L.Trainer, name: str, fn: Any, *args: An
 
 def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float,
                   interrupted: bool | None = None, save_policy: bool = True) -> dict:
-    """Write ``summary.json`` (rank 0, atomically: :func:`grpolab.run_files.write_json`) and ``policy/``
+    """Write ``summary.json`` (rank 0, atomically: :func:`grpolab.app.run_files.write_json`) and ``policy/``
     (``save_policy`` and ``cfg.save_policy``; every rank takes part). Returns the summary. ``total_s``: the run's seconds, a resumed
     checkpoint's included (:class:`grpolab.run_clock.RunClock`). ``interrupted``: training stopped before its
     last step (default: a stop was requested);

@@ -1,6 +1,6 @@
 """The memory plan of a composed config: read it, log it, refuse a run that cannot fit, before any model is built.
 
-:func:`check_memory_plan` runs in ``grpolab.preflight.preflight`` after the other config checks; :func:`print_plan` is
+:func:`check_memory_plan` runs in ``grpolab.app.preflight.preflight`` after the other config checks; :func:`print_plan` is
 ``src/train.py +plan_only=true`` (or ``plan.only=true``): the table and its verdict, then exit 0, loading nothing.
 The arithmetic is in :mod:`grpolab.plan.memory`; the sampler's part is the engine's own
 (:meth:`~grpolab.rollout.engines.base.GenerationEngine.memory_needs`: this module names no engine and reads none of
@@ -23,8 +23,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpolab.app.malloc import SMALL_MODEL_TARGETS, check_mmap_threshold
 from grpolab.errors import ConfigError
-from grpolab.malloc import SMALL_MODEL_TARGETS, check_mmap_threshold
 from grpolab.plan.devices import available_memory, devices_per_node, on_gpu, precision_bytes, strategy_kind
 from grpolab.plan.memory import (
     GIB,
@@ -37,11 +37,11 @@ from grpolab.plan.memory import (
     parameter_count,
     plan_memory,
 )
+from grpolab.plan.sampler_memory import GenerationShape
 from grpolab.plan.verdict import fitting_settings, parse_size, verdict
 from grpolab.random_init import check_init
 from grpolab.rollout.schedule import Schedule
 from grpolab.rollout.settings import split_rollout_config
-from grpolab.sampler_memory import GenerationShape
 
 log = logging.getLogger("grpolab.plan")
 
@@ -155,7 +155,7 @@ def plan_inputs(cfg: DictConfig, algo: Any, lora: Any, shape: ModelShape,
 
     Args:
         algo: the validated :class:`~grpolab.config.GRPOConfig`. lora: :class:`~grpolab.lora.LoraAdapterConfig`.
-        device_bytes: one GPU's memory, for the engine's :class:`~grpolab.sampler_memory.GenerationShape`
+        device_bytes: one GPU's memory, for the engine's :class:`~grpolab.plan.sampler_memory.GenerationShape`
             (e.g. vLLM's ``gpu_memory_utilization`` share; None = unknown).
     """
     _, assumed_prompt = _plan_settings(cfg)

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.cli import one_line, user_error, wants_traceback
+from grpolab.app.cli import one_line, user_error, wants_traceback
 
 log = logging.getLogger("grpolab")
 
@@ -76,7 +76,7 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
         try:
             return fn(cfg)
         except Exception as ex:
-            from grpolab.run_identity import NotThisJob
+            from grpolab.app.run_identity import NotThisJob
 
             multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
             if not multirun:
@@ -141,8 +141,8 @@ def stopped_sweep_code() -> int | None:
     """In a job of a ``hydra/launcher=joblib`` sweep whose launcher got a signal before the job started: its exit
     status (128 + the signal number), after one log line (the job trains nothing; a rerun of the same command runs
     it). The folder Hydra made for it goes when it holds nothing else (``.hydra/``, its log), so the sweep's status
-    says "not started"; a folder with a run in it is kept. None otherwise (:mod:`grpolab.sweep_signals`)."""
-    from grpolab.sweep_signals import stopped_code
+    says "not started"; a folder with a run in it is kept. None otherwise (:mod:`grpolab.app.sweep_signals`)."""
+    from grpolab.app.sweep_signals import stopped_code
 
     if not in_joblib_sweep():
         return None

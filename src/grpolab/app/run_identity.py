@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -30,8 +31,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpolab.app.run_files import write_json
 from grpolab.errors import ConfigError
-from grpolab.run_files import write_json
 
 log = logging.getLogger("grpolab")
 
@@ -92,8 +93,33 @@ def identity_hash(values: Mapping[str, Any]) -> str:
 def differing_keys(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """The keys of both :func:`settings` whose values differ, sorted. A key in one only is not a difference: a
     newer grpolab adds keys with their defaults (the record of a folder made before keeps what it had), and a
-    value this module no longer records is left out on both sides."""
-    return sorted(k for k in set(recorded) & set(now) if recorded[k] != now[k])
+    value this module no longer records is left out on both sides. Nor is a grpolab class that moved to another
+    module (:func:`same_setting`)."""
+    return sorted(k for k in set(recorded) & set(now) if not same_setting(k, recorded[k], now[k]))
+
+
+def same_setting(key: str, recorded: Any, now: Any) -> bool:
+    """Whether a recorded value is the present one. A ``_target_`` (a key, or one inside a value, e.g.
+    ``trainer.plugins``' checkpoint plugin) naming a grpolab class by a module path that no longer exists is the
+    same as the present target of that class name: the class moved (a folder recorded before a restructure of
+    grpolab resumes), it did not change."""
+    if isinstance(recorded, Mapping) and isinstance(now, Mapping):
+        return recorded.keys() == now.keys() and all(same_setting(k, recorded[k], now[k]) for k in recorded)
+    if isinstance(recorded, list) and isinstance(now, list):
+        return len(recorded) == len(now) and all(same_setting(key, a, b) for a, b in zip(recorded, now))
+    if recorded == now:
+        return True
+    return (key.rpartition(".")[2] == "_target_" and isinstance(recorded, str) and isinstance(now, str)
+            and recorded.startswith("grpolab.") and now.startswith("grpolab.")
+            and recorded.rpartition(".")[2] == now.rpartition(".")[2] and not _module_exists(recorded))
+
+
+def _module_exists(target: str) -> bool:
+    """Whether the module of a dotted ``_target_`` (``a.b.Class`` -> ``a.b``) can be found."""
+    try:
+        return importlib.util.find_spec(target.rpartition(".")[0]) is not None
+    except (ImportError, ValueError):  # a parent that is not a package (a module moved into one's place)
+        return False
 
 
 def check_identity(out: Path, values: Mapping[str, Any]) -> None:

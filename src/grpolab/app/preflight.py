@@ -1,7 +1,7 @@
 """Every check of a training config, run before any model is built and before Lightning is imported.
 
 ``src/train.py`` calls :func:`preflight` first, so a config error costs the import of torch and transformers
-(a few seconds) instead of the whole training stack's; :func:`grpolab.run.build` takes its result and never
+(a few seconds) instead of the whole training stack's; :func:`grpolab.app.run.build` takes its result and never
 checks again.
 """
 
@@ -15,14 +15,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.checkpoint_reading import check_checkpoint, check_resume_steps, load_checkpoint
+from grpolab.app.plan_from_config import check_memory_plan
+from grpolab.checkpoint.reading import check_checkpoint, check_resume_steps, load_checkpoint
 from grpolab.config import GRPOConfig
 from grpolab.config_checks import check_paths, check_precision, check_required, check_types
 from grpolab.distributed import check_trainer
 from grpolab.errors import ConfigError
 from grpolab.evaluation.final import check_final_eval
 from grpolab.lora import LoraAdapterConfig, validate_lora
-from grpolab.plan.from_config import check_memory_plan
 from grpolab.rollout.engines.base import GenerationEngine
 from grpolab.rollout.resume import resume_conflicts
 from grpolab.rollout.settings import RolloutConfig, resolve_rollout

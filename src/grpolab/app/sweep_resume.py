@@ -6,10 +6,10 @@ with the same ``hydra.sweep.dir=...`` gives every job the folder it had before (
 the name holds no time stamp). At the start of each job (:func:`resume_or_skip`, from ``src/train.py``):
 
 - **finished** (``summary.json`` with ``"interrupted": false``, not failed, ``steps`` >= ``trainer.max_steps`` and
-  the final eval's score when ``final_eval.enabled``: :func:`grpolab.run_files.run_status`): the job
+  the final eval's score when ``final_eval.enabled``: :func:`grpolab.app.run_files.run_status`): the job
   logs one line and returns the saved summary, so the multirun counts it as a success; nothing in its folder is
   written again except Hydra's own ``.hydra/*.yaml`` (the same composed config), one line in ``train.log``
-  and the pid in ``.run.lock`` (:mod:`grpolab.run_identity`).
+  and the pid in ``.run.lock`` (:mod:`grpolab.app.run_identity`).
 - **interrupted** (no finished summary, ``checkpoints/last.ckpt`` present: Ctrl-C, SIGTERM, a killed process
   after a periodic checkpoint): ``ckpt_path`` is set to that checkpoint, and the run resumes exactly (the same
   path as ``ckpt_path=...`` by hand). ``metrics.csv`` is kept whole: the rows before the checkpoint are set aside
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from grpolab.run_files import RunStatus, read_config, run_status, write_csv
+from grpolab.app.run_files import RunStatus, read_config, run_status, write_csv
 
 log = logging.getLogger("grpolab")
 
@@ -45,7 +45,7 @@ def last_checkpoint(out: Path) -> Path:
 
 
 def job_state(out: Path, max_steps: int | None = None) -> str:
-    """One of :data:`STATES` for a job folder (:func:`state_of` its :func:`~grpolab.run_files.run_status`);
+    """One of :data:`STATES` for a job folder (:func:`state_of` its :func:`~grpolab.app.run_files.run_status`);
     ``max_steps`` overrides the ``trainer.max_steps`` of its ``.hydra/config.yaml`` (neither: the summary's word)."""
     config = read_config(out)
     if max_steps is not None:
@@ -54,7 +54,7 @@ def job_state(out: Path, max_steps: int | None = None) -> str:
 
 
 def state_of(out: Path, status: RunStatus) -> str:
-    """One of :data:`STATES`: ``finished`` (finished with every number it owes, :mod:`grpolab.run_files`),
+    """One of :data:`STATES`: ``finished`` (finished with every number it owes, :mod:`grpolab.app.run_files`),
     ``interrupted`` (a summary marked so, or ``last.ckpt`` without a finished summary: a rerun resumes it),
     ``failed`` (``error.txt``, written by a multirun job that raised, or a summary of a failed run, without a
     checkpoint), ``running or killed`` (started: a ``metrics.csv``, ``.hydra/`` or a summary that is not finished,
@@ -81,14 +81,14 @@ def in_multirun() -> bool:
 
 
 def claim_job_folder(cfg: DictConfig) -> contextlib.AbstractContextManager:
-    """In a multirun job: :func:`grpolab.run_identity.claim` of its folder (held while the job runs: a second
+    """In a multirun job: :func:`grpolab.app.run_identity.claim` of its folder (held while the job runs: a second
     process given the same job, or a job whose folder was trained with other settings, is refused in one line);
     a single run, and every process of a multi-process job but the first (``RANK``/``SLURM_PROCID`` > 0: the tasks
     of one SLURM job share its folder and rank 0's claim): nothing."""
     first = all(os.environ.get(var, "0") == "0" for var in ("RANK", "SLURM_PROCID"))
     if not in_multirun() or not first:
         return contextlib.nullcontext()
-    from grpolab.run_identity import claim
+    from grpolab.app.run_identity import claim
 
     return claim(cfg)
 
@@ -135,7 +135,7 @@ def resume_or_skip(cfg: DictConfig) -> dict | None:
 
 def checkpoint_step(ckpt: Path) -> int:
     """``global_step`` of a Lightning checkpoint (memory-mapped: the weights are not read)."""
-    from grpolab.checkpoint_reading import load_checkpoint
+    from grpolab.checkpoint.reading import load_checkpoint
 
     return int(load_checkpoint(str(ckpt)).get("global_step", 0))
 
