@@ -6,7 +6,7 @@
 Layers, lowest first (a module may import its own layer and the layers below it, never above)::
 
     0  the leaf helpers not named below                         errors, distributed, lora, handle, checkpoint,
-                                                                report, plan, app's run_files, sweep_signals, ...
+                                                                report, plan, run_files, sweep_signals, app's run_folder, ...
     1  algo, verifiers, tasks                                   pure maths, rewards, data
     2  config, models, warmstart                                settings and model building (use algo's config)
     3  forward                                                  the shared forward pass, Theorem 1's diagnostics

@@ -21,7 +21,6 @@ traceback (see docs/guide/training.md, "Errors").
 from __future__ import annotations
 
 import logging
-import shlex
 import signal
 import sys
 from pathlib import Path
@@ -70,7 +69,7 @@ def main(cfg: DictConfig) -> float | None:
         if in_joblib_sweep():  # the launcher exits with it once every job has saved
             from hydra.core.hydra_config import HydraConfig
 
-            from grpolab.app.sweep_signals import mark_stopped
+            from grpolab.sweep_signals import mark_stopped
 
             # no later job of the sweep starts (with n_jobs=1 joblib runs the jobs in the launcher's own process,
             # where this job's handler took the signal and the launcher never saw it)
@@ -86,17 +85,17 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
     """One line on stderr: the failure, what was saved and the command that resumes; exit 1. In a multirun the job
     is logged as failed and the sweep goes on (a rerun into the same sweep folder resumes it from last.ckpt)."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+
+    from grpolab.app.cli import in_multirun, resume_command
 
     ckpt = failure.get("ckpt_path")
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    if in_multirun():
         logging.getLogger("grpolab").error(
             "job failed: the sampler failed after step %s: %s; the sweep continues; rerun the sweep with "
             "hydra.sweep.dir=%s to resume it from %s", failure["step"], failure["reason"][:300],
             HydraConfig.get().sweep.dir, ckpt or "the last periodic checkpoint")
         return
-    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("ckpt_path=")]
-    command = shlex.join(["python", "src/train.py", *overrides, f"ckpt_path={ckpt}"])  # pasted into a shell as is
+    command = resume_command(ckpt, "src/train.py")  # shell-quoted: pasted into a shell as is
     resume = (f"; saved {ckpt}; resume with: {command}" if ckpt
               else "; no checkpoint saved at the failure: resume from the last periodic one in checkpoints/")
     print(f"train.py: error: the sampler failed after step {failure['step']}: {failure['reason'][:300]}{resume} "
@@ -106,8 +105,9 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
 
 def _train(cfg: DictConfig) -> dict:
     from grpolab.app.preflight import preflight
+    from grpolab.app.run_folder import RunFolder
     from grpolab.app.slurm import resume_after_requeue
-    from grpolab.app.sweep_resume import claim_job_folder, resume_or_skip, stitch_metrics
+    from grpolab.app.sweep_resume import claim_job_folder, resume_or_skip
 
     with claim_job_folder(cfg):  # a multirun job's folder: its lock, and the settings that trained what is in it
         done = resume_or_skip(cfg)  # a rerun multirun: a finished job is skipped, an interrupted one resumes
@@ -123,7 +123,7 @@ def _train(cfg: DictConfig) -> dict:
         try:
             return run_training(cfg, checked)
         finally:
-            stitch_metrics(Path(cfg.paths.output_dir))  # a resumed job's metrics.csv: the rows before, then its own
+            RunFolder.of(cfg).stitch_metrics()  # a resumed job's metrics.csv: the rows before, then its own
 
 
 if __name__ == "__main__":

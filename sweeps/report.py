@@ -19,7 +19,7 @@ two-sided paired t-test's p (scipy), and with ``--margin m`` the TOST equivalenc
 (``val_accuracy_start``), steps, test split or generated samples. The metric is chosen once (``--metric``, or the
 final test score ``test_mean_at_<n>``); a job without it is left out, with a warning naming it. Jobs that failed,
 were interrupted, stopped short of ``trainer.max_steps``, lack the final eval's score they owe or whose
-``summary.json`` cannot be read are left out, with a warning (``grpolab/app/run_files.py`` decides). Two jobs or rows
+``summary.json`` cannot be read are left out, with a warning (``grpolab/app/run_folder.py`` decides). Two jobs or rows
 of one (arm, seed) are refused, naming both.
 
 Writes ``report.md`` (printed too), ``report.csv``, ``curves.png`` (held-out accuracy and train reward against steps
@@ -42,9 +42,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # `python sweeps/report.py` without install
 
-from grpolab.app.run_files import read_json, replacing, run_status, write_csv, write_text  # noqa: E402
+from grpolab.app.run_folder import RunFolder  # noqa: E402
 from grpolab.report import stats  # noqa: E402
 from grpolab.report.result_rows import DuplicateRows, describe, duplicates  # noqa: E402
+from grpolab.run_files import read_json, replacing, write_csv, write_text  # noqa: E402
 
 IGNORED_PREFIXES = ("hydra.", "paths.")
 CURVE_COLUMNS = {  # compact curve file column -> metrics.csv column (a mean over the steps since the last row)
@@ -89,7 +90,7 @@ def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
     """Every job folder under ``folder`` (one with ``summary.json`` or ``.hydra/overrides.yaml``).
 
     Returns:
-        (the jobs that finished with every number they owe, :func:`grpolab.app.run_files.run_status`; one warning per
+        (the jobs that finished with every number they owe, :meth:`RunFolder.status`; one warning per
         job left out: no summary.json, one that cannot be read, interrupted, failed, fewer steps than its
         ``trainer.max_steps``, or no final-eval score where ``final_eval.enabled``).
     """
@@ -99,8 +100,9 @@ def read_sweep(folder: Path) -> tuple[list[Job], list[str]]:
         hydra = job_dir / ".hydra"
         overrides = _override_pairs(yaml.safe_load((hydra / "overrides.yaml").read_text())
                                     if (hydra / "overrides.yaml").exists() else [])
-        config = (yaml.safe_load((hydra / "config.yaml").read_text()) if (hydra / "config.yaml").exists() else {}) or {}
-        status = run_status(job_dir, config)
+        folder = RunFolder(job_dir)
+        config = folder.config()
+        status = folder.status(config)
         if not status.finished:
             warnings.append(f"left out {job_dir}: {status.unfinished}")
             continue
@@ -372,10 +374,9 @@ def job_curves(job: Job, every: int) -> list[dict]:
     ``time_s`` the elapsed training time (0 at step 0)."""
     import pandas as pd
 
-    path = Path(job.source) / "metrics.csv"
+    m = RunFolder(job.source).metrics()
     train = pd.DataFrame()
-    if path.exists():
-        m = pd.read_csv(path)
+    if m is not None:
         if "train/reward" in m:
             train = m[m["train/reward"].notna()].copy()
             train["opt_step"] = train["step"] + 1

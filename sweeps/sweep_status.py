@@ -14,7 +14,7 @@ killed`` (started, nothing saved yet) or ``not started`` (in the grid of a ``mul
 It then prints the rerun of each ``multirun.yaml``'s command into its own folder, which skips the finished jobs and
 resumes the interrupted ones, and the grid points no folder holds (an Optuna search, ``hydra/sweeper=optuna``,
 has no grid: its rerun continues the study). ``--csv`` appends one row per job that finished
-with every number it owes (``grpolab/app/run_files.py``: not interrupted or failed, ``trainer.max_steps`` steps, the final
+with every number it owes (``grpolab/app/run_folder.py``: not interrupted or failed, ``trainer.max_steps`` steps, the final
 eval's score when ``final_eval.enabled``) to a results file: :data:`COLUMNS` (``learning_rate``: the one the run
 trained at, from its ``summary.json``, also where the grid does not vary it), every final-eval score of its
 ``summary.json`` (``test_``/``val_``: ``mean_at_<n>`` and its ``_se``, ``greedy_accuracy``, ``pass_at_<k>``), the
@@ -45,9 +45,9 @@ import yaml
 SWEEPS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SWEEPS.parent / "src"))
 
-from grpolab.app.run_files import read_config, run_status, train_tail_mean, write_csv  # noqa: E402
-from grpolab.app.sweep_resume import STATES, state_of  # noqa: E402
+from grpolab.app.run_folder import STATES, RunFolder  # noqa: E402
 from grpolab.report.result_rows import cell, describe, duplicates, row_key  # noqa: E402
+from grpolab.run_files import write_csv  # noqa: E402
 
 COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
            "async_generation", "drift_refreshes", "time_total_s", "learning_rate")
@@ -86,15 +86,16 @@ def _as_dict(overrides: list[str]) -> dict[str, str]:
 
 
 def find_jobs(sweep: Path) -> list[dict]:
-    """Every job folder below ``sweep``: ``{"dir", "overrides" (dict), "status"}`` (:func:`grpolab.app.run_files.run_status`:
+    """Every job folder below ``sweep``: ``{"dir", "overrides" (dict), "status"}`` (:meth:`RunFolder.status`:
     the summary, and whether the job finished with every number it owes, ``trainer.max_steps`` and the final eval's
     score of its ``.hydra/config.yaml``), ``"state"`` and ``"steps"``."""
     jobs = []
     for path in sorted(sweep.rglob(".hydra/overrides.yaml")):
         job = path.parent.parent
-        status = run_status(job, read_config(job))
+        folder = RunFolder(job)
+        status = folder.status()
         jobs.append({"dir": job, "overrides": _as_dict(yaml.safe_load(path.read_text()) or []), "status": status,
-                     "state": state_of(job, status), "steps": (status.summary or {}).get("steps")})
+                     "state": folder.state(status), "steps": (status.summary or {}).get("steps")})
     return jobs
 
 
@@ -173,7 +174,7 @@ def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: 
                **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores,
                # a run without the drift rule logs no count: it made no drift refresh (0, as its rows always said)
                "drift_refreshes": summary.get("drift_refreshes", 0),
-               ENTROPY_END: train_tail_mean(job["dir"], "train/entropy", ENTROPY_STEPS)}
+               ENTROPY_END: RunFolder(job["dir"]).train_tail_mean("train/entropy", ENTROPY_STEPS)}
         found.setdefault(row_key(row, names), []).append((f"job {job['dir']}", row))
     refused, added = [], 0
     for key in duplicates((k, place) for k, places in held.items() for place, _ in places):

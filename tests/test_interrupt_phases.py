@@ -64,13 +64,13 @@ def test_signal_during_the_final_validation_leaves_complete_training_that_owes_i
     """Training finished (last.ckpt at the last step): not marked interrupted (a resume would train nothing), the
     summary says which signal cut what, the run is not finished (it owes val_accuracy_end), and the process exits
     with the signal's status (issue 39 item 2: it exited 0, and a sequential sweep went on to its next job)."""
-    from grpolab.app.run_files import run_status
+    from grpolab.app.run_folder import RunFolder
 
     out = tmp_path / "final"
     rc, output = _signal_at(out, "final validation at step 2", sig, group, "val.at_start=false",
                             "trainer.max_steps=2")
     assert rc == 128 + sig, output[-3000:]
-    assert "its last validation is missing" in (run_status(out, {"trainer": {"max_steps": 2}}).unfinished or "")
+    assert "its last validation is missing" in (RunFolder(out).status({"trainer": {"max_steps": 2}}).unfinished or "")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is False and summary["signal"] == sig.name, summary
     assert summary["stopped_in"] == "final validation" and summary["steps"] == 2

@@ -21,31 +21,6 @@ TRAINING = ("module", "rollout", "callbacks", "algo", "forward", "models")  # wh
 # grpolab_dirname resolver conf/hydra/default.yaml names run folders with: it is the package's entry, not a unit.
 ROOT_INIT = "grpolab/__init__.py"
 
-# Imports of the application from below it that a small move could not remove (each needs a new home below the
-# application for what is imported), as (importing file, imported module): one reason each. Together they make the
-# one cycle of KNOWN_CYCLES. Take an entry off when its import goes (the test says so).
-UPWARD_IMPORTS: dict[tuple[str, str], str] = {
-    ("grpolab/callbacks/interrupt.py", "grpolab.app.sweep_signals"):
-        "StopOnSignal reads the signal a loky worker recorded between jobs; that state must stay in a module "
-        "without Lightning or torch (loky's workers import it first), and there is none below app for it",
-    ("grpolab/callbacks/resumed_run.py", "grpolab.app.run_files"):
-        "run_files' atomic write; run_files is the one place a run folder's files are written and read",
-    ("grpolab/evaluation/evaluate.py", "grpolab.app.run_files"):
-        "run_files' atomic JSON write of eval.json (as above)",
-    ("grpolab/evaluation/run_info.py", "grpolab.app.run_files"):
-        "run_files' summary.json reader (as above)",
-    ("grpolab/callbacks/threads.py", "grpolab.app.malloc"):
-        "SMALL_MODEL_TARGETS (the embedded models' targets); their own module, grpolab.models, imports torch, "
-        "which malloc must not (src/train.py fixes the mmap threshold before torch allocates)",
-}
-# Cycles between units, each the sorted units of one strongly connected set, with why it is still there.
-KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    ("app", "callbacks", "evaluation", "module"):
-        "app builds the run from module, callbacks and evaluation; callbacks and evaluation import back from app "
-        "(UPWARD_IMPORTS); module is in it through module -> callbacks.step_logging",
-}
-
-
 def module_of(path: Path, root: Path = PKG) -> str:
     """The dotted name of a file under ``root`` (``grpolab/app/run.py`` -> ``grpolab.app.run``)."""
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -159,10 +134,7 @@ def test_the_package_is_found():
 
 def test_nothing_below_the_application_imports_it():
     below = [f for f in files() if f.relative_to(PKG).parts[0] != "app" and rel(f) != ROOT_INIT]
-    found = imports_of("grpolab.app", below)
-    assert not found - set(UPWARD_IMPORTS), "imports the application from below it: " + _lines(
-        found - set(UPWARD_IMPORTS))
-    assert not set(UPWARD_IMPORTS) - found, "gone, take off UPWARD_IMPORTS: " + _lines(set(UPWARD_IMPORTS) - found)
+    assert _lines(imports_of("grpolab.app", below)) == "", "imports the application from below it"
 
 
 def test_the_root_package_imports_only_the_run_folder_names_from_the_application():
@@ -182,13 +154,7 @@ def test_the_report_does_not_import_training_code(training):
 
 def test_no_import_cycle_between_units():
     found = cycles(unit_graph(files()))
-    new = [c for c in found if c not in KNOWN_CYCLES]
-    gone = [c for c in KNOWN_CYCLES if c not in found]
-    assert not new, "import cycles between units: " + "; ".join(" <-> ".join(c) for c in new)
-    assert not gone, "no longer a cycle, take it off KNOWN_CYCLES: " + "; ".join(" <-> ".join(c) for c in gone)
-    # the known cycles are the listed upward imports' only: without them no unit is on a cycle
-    left = cycles(unit_graph(files(), leave_out=set(UPWARD_IMPORTS)))
-    assert not left, "import cycles besides UPWARD_IMPORTS': " + "; ".join(" <-> ".join(c) for c in left)
+    assert not found, "import cycles between units: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_the_parser_finds_every_kind_of_import_and_the_cycle_they_make(tmp_path):

@@ -1,4 +1,4 @@
-"""grpolab/app/run_files.py: a run's JSON is written whole or not at all, and read back as "not finished" with one line
+"""grpolab/run_files.py: a run's JSON is written whole or not at all, and read back as "not finished" with one line
 when it is not whole; the one decision "finished with every number it owes" on hand-written summaries."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from grpolab.app import run_files
+from grpolab import run_files
+from grpolab.app import run_folder
+from grpolab.app.run_folder import RunFolder
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -28,12 +30,12 @@ def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path
 
 def test_an_unreadable_summary_is_not_finished_with_one_line_naming_it(tmp_path):
     (tmp_path / "summary.json").write_text('{"steps": 10, "interrupted": fa')
-    status = run_files.run_status(tmp_path, {"trainer": {"max_steps": 10}})
+    status = RunFolder(tmp_path).status({"trainer": {"max_steps": 10}})
     assert not status.finished and status.summary is None
     assert status.warning.startswith(f"{tmp_path / 'summary.json'}: not valid JSON") and "\n" not in status.warning
     (tmp_path / "summary.json").write_text("[1, 2]")
-    assert run_files.run_status(tmp_path, {}).warning == f"{tmp_path / 'summary.json'}: not a JSON object: read as not finished"
-    assert run_files.run_status(tmp_path / "none", {}).unfinished == "no summary.json (failed or still running)"
+    assert RunFolder(tmp_path).status({}).warning == f"{tmp_path / 'summary.json'}: not a JSON object: read as not finished"
+    assert RunFolder(tmp_path / "none").status({}).unfinished == "no summary.json (failed or still running)"
 
 
 @pytest.mark.parametrize("summary, reason", [
@@ -56,18 +58,18 @@ def test_an_unreadable_summary_is_not_finished_with_one_line_naming_it(tmp_path)
 ])
 def test_finished_with_every_number_it_owes(summary, reason):
     config = {"trainer": {"max_steps": 10}, "final_eval": {"enabled": True, "split": "test", "num_samples": 16}}
-    assert run_files.unfinished_reason(summary, run_files.max_steps_of(config), run_files.owed_numbers(config)) == reason
-    assert run_files.owed_numbers({"final_eval": {"enabled": False}}) == []
+    assert run_folder.unfinished_reason(summary, run_folder.max_steps_of(config), run_folder.owed_numbers(config)) == reason
+    assert run_folder.owed_numbers({"final_eval": {"enabled": False}}) == []
 
 
 def test_the_mean_of_the_last_steps_of_a_metrics_column(tmp_path):
     """Issue 42 (item 3): the final entropy of a run's training completions, from metrics.csv's train rows only."""
-    assert run_files.train_tail_mean(tmp_path) is None  # no metrics.csv
+    assert RunFolder(tmp_path).train_tail_mean() is None  # no metrics.csv
     lines = ["epoch,step,train/entropy,val/accuracy", "0,0,0.9,", "0,0,,0.25", "0,1,0.5,", "0,2,nan,", "0,3,0.3,",
              "0,4,0.1,", "0,4,,0.5"]
     (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
-    assert run_files.train_tail_mean(tmp_path, last=3) == pytest.approx((0.5 + 0.3 + 0.1) / 3)  # nan left out
-    assert run_files.train_tail_mean(tmp_path, last=10) == pytest.approx((0.9 + 0.5 + 0.3 + 0.1) / 4)
-    assert run_files.train_tail_mean(tmp_path, "train/reward") is None
+    assert RunFolder(tmp_path).train_tail_mean(last=3) == pytest.approx((0.5 + 0.3 + 0.1) / 3)  # nan left out
+    assert RunFolder(tmp_path).train_tail_mean(last=10) == pytest.approx((0.9 + 0.5 + 0.3 + 0.1) / 4)
+    assert RunFolder(tmp_path).train_tail_mean("train/reward") is None
     (tmp_path / "metrics.csv").write_bytes(b"step,train/entropy\n\xff\xfe,0.1\n")
-    assert run_files.train_tail_mean(tmp_path) is None
+    assert RunFolder(tmp_path).train_tail_mean() is None

@@ -19,7 +19,8 @@ import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT
 from safetensors.torch import load_file
 
-from grpolab.app.sweep_resume import BEFORE_RESUME, job_state, set_aside_metrics, stitch_metrics
+from grpolab.app.run_folder import BEFORE_RESUME, RunFolder
+from grpolab.app.sweep_resume import job_state
 
 TOTAL = 12
 COMMON = [*FAST_OVERRIDES, "val.at_start=false", "trainer.val_check_interval=4", "callbacks.completions.every_n_steps=1000",
@@ -66,16 +67,16 @@ def test_metrics_before_a_resume_are_kept_in_front_of_the_resumed_rows(tmp_path)
     old = [{"step": "3", "train/loss": "0.3", "val/accuracy": ""}, {"step": "4", "train/loss": "", "val/accuracy": "0.5"},
            {"step": "4", "train/loss": "0.4", "val/accuracy": ""}, {"step": "5", "train/loss": "0.5", "val/accuracy": ""}]
     _write(tmp_path / "metrics.csv", old)
-    set_aside_metrics(tmp_path, step=4)  # killed after step 6 with a periodic checkpoint at step 4
+    RunFolder(tmp_path).set_aside_metrics(step=4)  # killed after step 6 with a periodic checkpoint at step 4
     assert not (tmp_path / "metrics.csv").exists()
     assert [(r["step"], r["train/loss"]) for r in _rows(tmp_path / BEFORE_RESUME)] == [("3", "0.3"), ("4", "")]
     _write(tmp_path / "metrics.csv", [{"step": "4", "train/loss": "0.41", "train/kl": "0"}])  # the resumed run's
-    stitch_metrics(tmp_path)
+    RunFolder(tmp_path).stitch_metrics()
     rows = _rows(tmp_path / "metrics.csv")
     assert [(r["step"], r["train/loss"], r["val/accuracy"], r["train/kl"]) for r in rows] == [
         ("3", "0.3", "", ""), ("4", "", "0.5", ""), ("4", "0.41", "", "0")]
     assert not (tmp_path / BEFORE_RESUME).exists()
-    stitch_metrics(tmp_path)  # nothing set aside: unchanged
+    RunFolder(tmp_path).stitch_metrics()  # nothing set aside: unchanged
     assert _rows(tmp_path / "metrics.csv") == rows
 
 
@@ -83,11 +84,11 @@ def test_two_hard_kills_in_a_row_keep_every_row_before_the_second_checkpoint(tmp
     """Issue 39 item 6: a resumed job killed -9 (no stitch ran) and resumed again: the rows set aside at the first
     resume are put back before the second set-aside, not deleted (steps 0-39 of 150 were lost)."""
     _write(tmp_path / "metrics.csv", [{"step": str(s), "train/loss": f"0.{s}"} for s in range(6)])
-    set_aside_metrics(tmp_path, step=3)  # first resume, from a checkpoint at step 3
+    RunFolder(tmp_path).set_aside_metrics(step=3)  # first resume, from a checkpoint at step 3
     _write(tmp_path / "metrics.csv", [{"step": str(s), "train/loss": f"1.{s}"} for s in range(3, 8)])  # then kill -9
-    set_aside_metrics(tmp_path, step=6)  # second resume, from a checkpoint at step 6
+    RunFolder(tmp_path).set_aside_metrics(step=6)  # second resume, from a checkpoint at step 6
     _write(tmp_path / "metrics.csv", [{"step": str(s), "train/loss": f"2.{s}"} for s in range(6, 9)])
-    stitch_metrics(tmp_path)
+    RunFolder(tmp_path).stitch_metrics()
     assert [(r["step"], r["train/loss"]) for r in _rows(tmp_path / "metrics.csv")] == [
         ("0", "0.0"), ("1", "0.1"), ("2", "0.2"), ("3", "1.3"), ("4", "1.4"), ("5", "1.5"), ("6", "2.6"),
         ("7", "2.7"), ("8", "2.8")]

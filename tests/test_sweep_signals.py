@@ -1,4 +1,4 @@
-"""grpolab/app/sweep_signals.py: a joblib worker outside a job records a signal instead of dying of it, and a stopped
+"""grpolab/sweep_signals.py: a joblib worker outside a job records a signal instead of dying of it, and a stopped
 sweep's mark tells a queued job its exit status. (Through the real launcher: tests/test_sweep_resume.py.)"""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import sys
 
 from conftest import REPO_ROOT
 
-from grpolab.app.sweep_signals import STOP_FILE, clear_stopped, mark_stopped, stopped_code
+from grpolab.sweep_signals import STOP_FILE, clear_stopped, mark_stopped, stopped_code
 
 _WORKER = """
 import os, signal
-from grpolab.app.sweep_signals import pending_signal, record_between_jobs
+from grpolab.sweep_signals import pending_signal, record_between_jobs
 record_between_jobs()
 assert pending_signal() is None
 os.kill(os.getpid(), signal.SIGINT)   # an idle worker's Ctrl-C: no KeyboardInterrupt

@@ -81,7 +81,7 @@ def test_a_job_started_from_ckpt_path_and_requeued_resumes_from_its_own_progress
 def test_a_requeued_single_run_keeps_its_first_allocations_metrics_rows(no_slurm, tmp_path):
     """Issue 39 item 4: Lightning's CSV logger starts ``metrics.csv`` anew in the requeued allocation; the rows
     before the checkpoint are set aside and put back in front of the new ones (rows after it are logged again)."""
-    from grpolab.app.sweep_resume import stitch_metrics
+    from grpolab.app.run_folder import RunFolder
 
     _ckpt(tmp_path / "checkpoints" / "last.ckpt", 3)
     rows = ["step,train/loss,val/accuracy", "0,,0.25", *(f"{s},0.{s},"for s in range(5))]
@@ -90,7 +90,7 @@ def test_a_requeued_single_run_keeps_its_first_allocations_metrics_rows(no_slurm
     slurm.resume_after_requeue(_cfg(tmp_path))
     assert not (tmp_path / "metrics.csv").exists()
     (tmp_path / "metrics.csv").write_text("step,train/loss\n3,0.3\n4,0.4\n")  # the second allocation's logger
-    stitch_metrics(tmp_path)  # src/train.py, when the run ends
+    RunFolder(tmp_path).stitch_metrics()  # src/train.py, when the run ends
     got = (tmp_path / "metrics.csv").read_text().splitlines()
     assert got == ["step,train/loss,val/accuracy", "0,,0.25", "0,0.0,", "1,0.1,", "2,0.2,", "3,0.3,", "4,0.4,"]
 

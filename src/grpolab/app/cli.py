@@ -256,6 +256,14 @@ def check_overrides(config_dir: str | Path, config_name: str, prog: str, argv: l
         fail(prog, "; ".join(problems))
 
 
+def in_multirun() -> bool:
+    """True inside a job of a Hydra multirun (``-m``): the one place the application asks."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 # ------------------------------------------------------------------------------- the command that continues a run
 def resume_command(ckpt_path: str | Path | None, script: str | None = None) -> str:
     """The shell command that continues this run: ``python <script> <the run's own overrides> ckpt_path=<path>``.
@@ -268,9 +276,8 @@ def resume_command(ckpt_path: str | Path | None, script: str | None = None) -> s
     sweep into its own folder instead (the job's folder then resumes in place, :mod:`grpolab.app.sweep_resume`).
     """
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:  # a job of a sweep: rerun the sweep
+    if in_multirun():  # a job of a sweep: rerun the sweep
         sweep = HydraConfig.get().sweep.dir
         return (f"rerun the sweep's command with hydra.sweep.dir={shlex.quote(str(sweep))} (finished jobs are "
                 f"skipped, this one resumes from its last.ckpt; python sweeps/sweep_status.py {shlex.quote(str(sweep))} "

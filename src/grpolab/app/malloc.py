@@ -31,6 +31,7 @@ import sys
 from typing import Any
 
 from grpolab.errors import ConfigError
+from grpolab.plan.memory import SMALL_MODEL_TARGETS  # torch-free, as this module must be
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,6 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-# model targets that ``auto`` settings treat as the embedded ~1M-parameter models (also torch_threads=auto)
-SMALL_MODEL_TARGETS = ("grpolab.models.TinyCharModel", "grpolab.models.TinyQwenModel")
 AUTO_THRESHOLD = 128 << 10    # what ``auto`` fixes for models other than the embedded tiny ones (glibc's start value)
 
 

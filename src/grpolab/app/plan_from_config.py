@@ -23,12 +23,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.app.malloc import SMALL_MODEL_TARGETS, check_mmap_threshold
+from grpolab.app.malloc import check_mmap_threshold
 from grpolab.errors import ConfigError
 from grpolab.plan.devices import available_memory, devices_per_node, on_gpu, precision_bytes, strategy_kind
 from grpolab.plan.memory import (
     GIB,
     LINEAR_NAMES,
+    SMALL_MODEL_TARGETS,
     MemoryPlan,
     ModelShape,
     PlanInputs,

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from grpolab.app.cli import resume_command
 from grpolab.app.plan_from_config import plan_summary
 from grpolab.app.preflight import Checked, preflight
-from grpolab.app.run_files import write_json
+from grpolab.app.run_folder import RunFolder
 from grpolab.app.slurm import requeue, requeue_signals, will_requeue
 from grpolab.callbacks.hparams import log_config
 from grpolab.callbacks.interrupt import SIGNALS, StopOnSignal, TrainingInterrupted
@@ -33,6 +33,7 @@ from grpolab.module import GRPOModule
 from grpolab.rollout.datamodule import RolloutDataModule
 from grpolab.rollout.prompt_lengths import with_prompt_limit
 from grpolab.rollout.sampler_failure import SamplerFailure
+from grpolab.run_files import write_json
 
 log = logging.getLogger("grpolab")
 
@@ -107,7 +108,7 @@ def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
     ``"interrupted"`` is true when training stopped before its end (``src/train.py`` then exits with 128 + the
     signal number); a stop after the last training step (the final validation or eval) leaves training complete:
     ``"interrupted": false``, with ``"signal"`` and ``"stopped_in"`` saying what was cut short (the run is not
-    finished until those numbers are in: :func:`grpolab.app.run_files.run_status`; ``src/train.py`` exits with the
+    finished until those numbers are in: :meth:`grpolab.app.run_folder.RunFolder.status`; ``src/train.py`` exits with the
     signal's status here too, so a sweep stops).
     """
     start = time.perf_counter()
@@ -174,7 +175,7 @@ def _phase(stop: StopOnSignal, trainer: L.Trainer, name: str, fn: Any, *args: An
 
 def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: float,
                   interrupted: bool | None = None, save_policy: bool = True) -> dict:
-    """Write ``summary.json`` (rank 0, atomically: :func:`grpolab.app.run_files.write_json`) and ``policy/``
+    """Write ``summary.json`` (rank 0, atomically: :meth:`grpolab.app.run_folder.RunFolder.write_summary`) and ``policy/``
     (``save_policy`` and ``cfg.save_policy``; every rank takes part). Returns the summary. ``total_s``: the run's seconds, a resumed
     checkpoint's included (:class:`grpolab.run_clock.RunClock`). ``interrupted``: training stopped before its
     last step (default: a stop was requested);
@@ -189,8 +190,7 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
     summary.update(final, memory_plan=plan_summary(cfg))
     summary.update(summary_keys(parts.get("failure"), parts["datamodule"].sampler.restarts))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "summary.json", summary)  # atomic: a reader never sees half of it
+        RunFolder(out).write_summary(summary)  # atomic: a reader never sees half of it
     saving = bool(cfg.save_policy) and save_policy
     if saving:  # every rank takes part (FSDP gathers the shards), rank 0 writes
         save_policy_files(module.policy, module.tokenizer, out / "policy", write=trainer.is_global_zero)

@@ -31,8 +31,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.app.run_files import write_json
 from grpolab.errors import ConfigError
+from grpolab.run_files import write_json
 
 log = logging.getLogger("grpolab")
 

@@ -28,9 +28,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from grpolab.app.sweep_resume import checkpoint_step, set_aside_metrics
+from grpolab.app.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ def requeued_ckpt_path(cfg: DictConfig) -> Path | None:
     if not given:
         return path
     given = Path(str(given)).expanduser()
-    if given.is_file() and (given.resolve() == path.resolve() or checkpoint_step(given) > checkpoint_step(path)):
+    steps = RunFolder.checkpoint_step
+    if given.is_file() and (given.resolve() == path.resolve() or steps(given) > steps(path)):
         return None
     return path
 
@@ -93,7 +94,7 @@ def resume_after_requeue(cfg: DictConfig) -> DictConfig:
     """In a requeued SLURM job, set ``cfg.ckpt_path`` to the run folder's ``last.ckpt`` (see
     :func:`requeued_ckpt_path`), in place, before the config is checked, and set the first allocations'
     ``metrics.csv`` rows aside so they are put back in front of this allocation's when the run ends (Lightning's CSV
-    logger starts its file anew: :func:`grpolab.app.sweep_resume.set_aside_metrics`). Returns ``cfg``."""
+    logger starts its file anew): :meth:`grpolab.app.run_folder.RunFolder.resume_in_place`. Returns ``cfg``."""
     path = requeued_ckpt_path(cfg)
     if path is None and restart_count() > 0 and not cfg.get("ckpt_path"):
         log.warning("SLURM job %s requeued (restart %d), but its run folder %s holds no last.ckpt: it starts over. "
@@ -102,10 +103,7 @@ def resume_after_requeue(cfg: DictConfig) -> DictConfig:
                     restart_count(), cfg.paths.output_dir)
     if path is not None:
         before = cfg.get("ckpt_path")
-        with open_dict(cfg):
-            cfg.ckpt_path = str(path)
-        step = checkpoint_step(path)
-        set_aside_metrics(Path(cfg.paths.output_dir), step)
+        step = RunFolder.of(cfg).resume_in_place(cfg, path)
         log.warning("SLURM job %s requeued (restart %d): resuming from %s (step %d)%s", job_id(), restart_count(),
                     path, step, f", not from ckpt_path={before} it started from" if before else "")
     return cfg

@@ -20,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.app.cli import one_line, user_error, wants_traceback
+from grpolab.app.cli import in_multirun, one_line, user_error, wants_traceback
 
 log = logging.getLogger("grpolab")
 
@@ -78,8 +77,7 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
         except Exception as ex:
             from grpolab.app.run_identity import NotThisJob
 
-            multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-            if not multirun:
+            if not in_multirun():
                 raise
             if isinstance(ex, NotThisJob):  # another run's folder: not started, nothing written there
                 log.error("job not started: %s", one_line(str(ex)))
@@ -132,7 +130,7 @@ class JobInterrupted(Exception):
 
 def in_joblib_sweep() -> bool:
     """True inside a job of a ``hydra/launcher=joblib`` multirun (our launcher's ``_target_``)."""
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+    if not in_multirun():
         return False
     return "grpolab_joblib" in str(OmegaConf.select(HydraConfig.get(), "launcher._target_") or "")
 
@@ -141,8 +139,8 @@ def stopped_sweep_code() -> int | None:
     """In a job of a ``hydra/launcher=joblib`` sweep whose launcher got a signal before the job started: its exit
     status (128 + the signal number), after one log line (the job trains nothing; a rerun of the same command runs
     it). The folder Hydra made for it goes when it holds nothing else (``.hydra/``, its log), so the sweep's status
-    says "not started"; a folder with a run in it is kept. None otherwise (:mod:`grpolab.app.sweep_signals`)."""
-    from grpolab.app.sweep_signals import stopped_code
+    says "not started"; a folder with a run in it is kept. None otherwise (:mod:`grpolab.sweep_signals`)."""
+    from grpolab.sweep_signals import stopped_code
 
     if not in_joblib_sweep():
         return None

@@ -50,7 +50,7 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from grpolab.app.sweep_signals import pending_signal
+from grpolab.sweep_signals import pending_signal
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpolab.app.run_files import write_text
 from grpolab.checkpoint.reading import load_checkpoint
+from grpolab.run_files import write_text
 
 
 def checkpoint_run_dir(ckpt_path: str | Path | None) -> Path | None:
@@ -34,6 +34,6 @@ def is_rank_zero() -> bool:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, fsync and a rename (:func:`grpolab.app.run_files.write_text`):
+    """Write ``text`` to ``path`` through a temporary file, fsync and a rename (:func:`grpolab.run_files.write_text`):
     a reader sees the old file or the new one."""
     write_text(path, text)

@@ -21,8 +21,8 @@ import os
 import lightning as L
 import torch
 
-from grpolab.app.malloc import SMALL_MODEL_TARGETS  # one thread under torch_threads=auto
 from grpolab.errors import ConfigError
+from grpolab.plan.memory import SMALL_MODEL_TARGETS  # one thread under torch_threads=auto
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from grpolab.app.run_files import write_json
 from grpolab.checkpoint import frozen_weights
 from grpolab.config_checks import check_paths, check_required, check_types, type_error
 from grpolab.errors import ConfigError
 from grpolab.evaluation.metrics import maj_at_k, mean_at_n, pass_at_k, standard_error
 from grpolab.evaluation.run_info import check_run_data, run_folder
 from grpolab.rollout.settings import resolve_rollout
+from grpolab.run_files import write_json
 from grpolab.verifiers.extract import boxed_contents, final_answer_region
 
 log = logging.getLogger("grpolab.eval")

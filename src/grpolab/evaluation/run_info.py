@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from grpolab.app.run_files import read_summary
+from grpolab.run_files import read_summary
 
 log = logging.getLogger("grpolab.eval")
 

@@ -70,6 +70,8 @@ from grpolab.errors import ConfigError
 
 MIB = 1 << 20
 GIB = 1 << 30
+# the embedded ~1M-parameter models: the plan, malloc_mmap_threshold=auto and torch_threads=auto treat them as small
+SMALL_MODEL_TARGETS = ("grpolab.models.TinyCharModel", "grpolab.models.TinyQwenModel")
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LOGIT_BYTES = {4: 12, 2: 11}          # bytes per completion-logit element of one training micro-batch (measured)

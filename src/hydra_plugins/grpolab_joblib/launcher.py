@@ -11,7 +11,7 @@ is not passed on (a job would take it as the second one): send it to the group, 
 
 Idle workers (fewer jobs than workers: the tail of every grid) and workers still building their job record the
 signal instead of dying of it (a dead worker made loky kill every other one, mid-save), and no queued job starts
-after the first signal: :mod:`grpolab.app.sweep_signals`.
+after the first signal: :mod:`grpolab.sweep_signals`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher a
 from joblib import parallel as joblib_parallel
 from joblib._parallel_backends import LokyBackend
 
-from grpolab.app.sweep_signals import clear_stopped, mark_stopped, record_between_jobs
+from grpolab.sweep_signals import clear_stopped, mark_stopped, record_between_jobs
 
 log = logging.getLogger("grpolab")
 
@@ -70,7 +70,7 @@ def jobs_save_first(on_first: Callable[[int], None] | None = None) -> Iterator[N
 @contextlib.contextmanager
 def workers_record_signals() -> Iterator[None]:
     """Within: joblib's ``"loky"`` backend (what Hydra's launcher asks for by name) starts every worker with
-    :func:`~grpolab.app.sweep_signals.record_between_jobs` as loky's ``initializer``."""
+    :func:`~grpolab.sweep_signals.record_between_jobs` as loky's ``initializer``."""
     backends = joblib_parallel.BACKENDS
     previous = backends["loky"]
     backends["loky"] = functools.partial(LokyBackend, initializer=record_between_jobs)
