@@ -30,7 +30,12 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # allow `python src/train.py` without install
 
-from grpolab.app.cli import check_overrides, discard_empty_run_folder, report_user_errors  # noqa: E402
+from grpolab.app.cli import (  # noqa: E402
+    check_overrides,
+    discard_empty_run_folder,
+    report_user_errors,
+    skip_the_exit_collection,
+)
 from grpolab.app.console import guard_console  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -127,6 +132,7 @@ def _train(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
+    skip_the_exit_collection()  # about 1.2 s less at exit (grpolab/app/cli.py)
     guard_console()  # a closed stdout/stderr (| tee killed by Ctrl-C, | head) cannot stop the run
     check_overrides(CONFIG_DIR, "train", "train.py")  # a misspelt key: one line naming the closest keys
     main()

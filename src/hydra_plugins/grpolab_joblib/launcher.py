@@ -67,13 +67,23 @@ def jobs_save_first(on_first: Callable[[int], None] | None = None) -> Iterator[N
             signal.signal(s, h)
 
 
+def start_worker() -> None:
+    """loky's ``initializer`` of every worker: signals outside a job are recorded
+    (:func:`~grpolab.sweep_signals.record_between_jobs`), and the worker's exit skips the collector's walk over its
+    imports (:func:`~grpolab.app.cli.skip_the_exit_collection`, as ``src/train.py``'s)."""
+    from grpolab.app.cli import skip_the_exit_collection
+
+    record_between_jobs()
+    skip_the_exit_collection()
+
+
 @contextlib.contextmanager
 def workers_record_signals() -> Iterator[None]:
     """Within: joblib's ``"loky"`` backend (what Hydra's launcher asks for by name) starts every worker with
-    :func:`~grpolab.sweep_signals.record_between_jobs` as loky's ``initializer``."""
+    :func:`start_worker` as loky's ``initializer``."""
     backends = joblib_parallel.BACKENDS
     previous = backends["loky"]
-    backends["loky"] = functools.partial(LokyBackend, initializer=record_between_jobs)
+    backends["loky"] = functools.partial(LokyBackend, initializer=start_worker)
     try:
         yield
     finally:

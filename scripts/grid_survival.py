@@ -1,0 +1,203 @@
+"""A grid that meets every day's events and keeps every result once: the run owner's acceptance check.
+
+    python scripts/grid_survival.py [--keep <folder>]      # about 3 minutes on 2 CPU cores; exit 0 = every check held
+
+Through the real joblib launcher (``hydra/launcher=joblib``, two jobs at once, the tiny fast model, 12 steps, a
+validation and ``last.ckpt`` every 4), one sweep folder:
+
+1. ``lr=1e-4,2e-4 seed=0,1`` (4 jobs), **Ctrl-C** to the process group once two jobs train: exit 130, those two
+   interrupted with ``last.ckpt``, no queued job started;
+2. the same command again (**rerun**), and **a second rerun at once** in another process: every job runs in one of
+   them, the other refuses it in one line; one running job is **killed with SIGKILL** after its step-4 checkpoint
+   (its rerun's pool breaks, so that rerun's other job dies too);
+3. the same command again: every job ends finished (the killed ones resume from ``last.ckpt``);
+4. the grid **extended by a seed** (``seed=0,1,2``, 6 jobs, renumbered): the 4 finished jobs are not trained again,
+   the 2 new ones are.
+
+Then: 6 job folders, each finished with every train step 0..11 in ``metrics.csv`` exactly once and every
+validation; the killed job's rows and weights equal an uninterrupted run of its settings, bit for bit; the results
+export (``sweeps/sweep_status.py --csv``) run twice holds 6 rows, each job once. A SLURM requeue is the same resume
+in place (``RunFolder.resume_in_place``) and is checked on a real cluster in ``tests/slurm/test_slurm_requeue.py``.
+Each defect this covers has its own test in ``tests/`` too (docs/architecture.md, "Who decides what about a run
+folder"); this script is the scenario end to end, kept out of the suite for its 3 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from grpolab.app.run_folder import RunFolder  # noqa: E402
+
+STEPS = 12
+FAST = ["model.warmstart=null", "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+        "model.num_key_value_heads=1", "model.intermediate_size=64", "data.val_size=8", "data.test_size=16",
+        "val.num_generations=2", "algo.num_generations=4", "algo.per_device_train_batch_size=8",
+        "trainer.enable_progress_bar=false", "save_policy=true", "val.at_start=false",
+        "trainer.val_check_interval=4", "callbacks.completions.every_n_steps=1000", f"trainer.max_steps={STEPS}"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
+
+
+def train(*args: str) -> list[str]:
+    return [sys.executable, str(REPO / "src" / "train.py"), *[a for a in args if a.startswith("-")], *FAST,
+            *[a for a in args if not a.startswith("-")]]
+
+
+def grid(sweep: Path, seeds: str) -> list[str]:
+    return train("-m", "algo.learning_rate=1e-4,2e-4", f"seed={seeds}", "hydra/launcher=joblib",
+                 "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}")
+
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, env=ENV, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def steps_logged(job: Path) -> int:
+    path = job / "metrics.csv"
+    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
+
+
+def wait(what: str, ready, proc: subprocess.Popen | None = None, limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            sys.exit(f"FAILED: the sweep ended before {what}:\n{proc.communicate()[0][-3000:]}")
+        if time.monotonic() > deadline:
+            sys.exit(f"FAILED: no {what} within {limit:.0f} s")
+        time.sleep(0.2)
+
+
+def check(ok: bool, what: str, log: str = "") -> None:
+    print(("ok      " if ok else "FAILED  ") + what, flush=True)
+    if not ok:
+        sys.exit(log[-3000:])
+
+
+def worker_running(job: Path) -> int | None:
+    """The pid of the live process that holds the job's ``.run.lock`` (:mod:`grpolab.app.run_identity`), or None."""
+    try:
+        fd = os.open(job / ".run.lock", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return int(os.pread(fd, 64, 0).decode().split()[0])
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one, removed)")
+    args = p.parse_args()
+    root = args.keep or Path(tempfile.mkdtemp(prefix="grid_survival_"))
+    sweep = root / "sweep"
+    jobs = lambda: sorted(d for d in sweep.iterdir() if d.is_dir()) if sweep.exists() else []  # noqa: E731
+
+    # 1. Ctrl-C while two jobs train
+    first = start(grid(sweep, "0,1"))
+    wait("two jobs training", lambda: sum(steps_logged(j) >= 3 for j in jobs()) >= 2, first)
+    os.killpg(first.pid, signal.SIGINT)
+    out = first.communicate(timeout=180)[0]
+    states = [RunFolder(j).state() for j in jobs()]
+    check(first.returncode == 130 and states.count("interrupted") == 2 and len(states) == 2,
+          f"Ctrl-C: exit {first.returncode}, job folders {states} (2 interrupted, no queued job started)", out)
+
+    # 2. two reruns at once; a job of the first killed with SIGKILL after its step-4 checkpoint
+    one = start(grid(sweep, "0,1"))
+    wait("the first rerun's jobs training", lambda: any(steps_logged(j) >= 1 and worker_running(j) for j in jobs()))
+    two = start(grid(sweep, "0,1"))
+    victim = None
+
+    def a_job_past_its_checkpoint() -> bool:
+        nonlocal victim
+        for j in jobs():
+            pid = worker_running(j)
+            if pid and RunFolder(j).last_checkpoint.exists() and RunFolder.checkpoint_step(
+                    RunFolder(j).last_checkpoint) >= 4 and steps_logged(j) >= 6:
+                victim = (j, pid)
+                return True
+        return False
+
+    wait("a running job past its checkpoint", a_job_past_its_checkpoint)
+    os.kill(victim[1], signal.SIGKILL)
+    logs = [proc.communicate(timeout=600)[0] for proc in (one, two)]
+    refused = sum(log.count("this job is running in another process") for log in logs)
+    print(f"        two reruns at once: exits {one.returncode}, {two.returncode}; {refused} job(s) refused as running "
+          f"elsewhere; killed {victim[0].name} (pid {victim[1]})")
+
+    # 3. the same command again: everything ends finished
+    third = subprocess.run(grid(sweep, "0,1"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    states = [RunFolder(j).state() for j in jobs()]
+    check(third.returncode == 0 and states == ["finished"] * 4, f"rerun after the kill: exit {third.returncode}, "
+          f"{states}", third.stdout + third.stderr)
+
+    # 4. extended by a seed: 6 jobs, the 4 finished ones not trained again
+    before = [(j / "policy" / "model.safetensors").read_bytes() for j in jobs()]
+    ext = subprocess.run(grid(sweep, "0,1,2"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    log = ext.stdout + ext.stderr
+    states = [RunFolder(j).state() for j in jobs()]
+    check(ext.returncode == 0 and states == ["finished"] * 6 and log.count("finished already") == 4,
+          f"extended by a seed: exit {ext.returncode}, {len(states)} folders {set(states)}, "
+          f"{log.count('finished already')} skipped as finished", log)
+    weights = sorted((j / "policy" / "model.safetensors").read_bytes() for j in jobs())
+    check(all(w in weights for w in before), "the 4 first jobs' weights are untouched after the extension")
+
+    # every job: every step once, every validation
+    for j in jobs():
+        with (j / "metrics.csv").open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        train_steps = [int(float(r["step"])) for r in rows if r.get("train/loss")]
+        val_steps = sorted({int(float(r["step"])) for r in rows if r.get("val/accuracy")})
+        check(train_steps == list(range(STEPS)) and val_steps == [4, 8, 12],
+              f"{j.name[:40]}: train steps 0..{STEPS - 1} once each, validations {val_steps}", str(train_steps))
+
+    # the killed job equals an uninterrupted run of its settings
+    killed = next(j for j in jobs() if j.name.split("_", 1)[1] == victim[0].name.split("_", 1)[1])
+    overrides = [o.strip("- '\"") for o in (killed / ".hydra" / "overrides.yaml").read_text().splitlines()]
+    overrides = [o for o in overrides if "=" in o and not o.startswith("hydra")]
+    ref = root / "reference"
+    done = subprocess.run(train(*overrides, f"hydra.run.dir={ref}"), cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    check(done.returncode == 0, f"the uninterrupted reference run of {' '.join(overrides)}", done.stderr)
+
+    def losses(folder: Path) -> list[tuple[str, str]]:
+        with (folder / "metrics.csv").open(newline="") as fh:
+            return [(r["step"], r["train/loss"]) for r in csv.DictReader(fh) if r.get("train/loss")]
+
+    check(losses(killed) == losses(ref), "the killed job's losses equal the uninterrupted run's, step for step")
+    check((killed / "policy" / "model.safetensors").read_bytes() == (ref / "policy" / "model.safetensors").read_bytes(),
+          "the killed job's weights equal the uninterrupted run's, bit for bit")
+
+    # the results export, twice: 6 rows, each job once
+    rows_csv = root / "rows.csv"
+    for _ in range(2):
+        res = subprocess.run([sys.executable, "sweeps/sweep_status.py", str(sweep), "--csv", str(rows_csv)], cwd=REPO,
+                             env=ENV, capture_output=True, text=True, timeout=120)
+        check(res.returncode == 0, "sweeps/sweep_status.py --csv", res.stderr)
+    with rows_csv.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    keys = {(r.get("algo.learning_rate"), r.get("seed")) for r in rows}
+    check(len(rows) == 6 and len(keys) == 6, f"the results export run twice: {len(rows)} rows, {len(keys)} distinct jobs")
+    print(f"every check held ({root})")
+
+
+if __name__ == "__main__":
+    main()
