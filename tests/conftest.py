@@ -86,6 +86,32 @@ FAST_OVERRIDES = [
 ]
 
 
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory, worker_id) -> Path:
+    """The real sweep command on a tiny grid, run once per test session and shared by every xdist worker (a file
+    lock in the session's common temporary folder): ``sweeps/onoff_small.yaml`` with ``arm=k1,k2 seed=0,1``, 4 steps
+    of a small random model, a validation every 2 steps and the final eval (2 samples). Read it, never change it:
+    copy it first (tests/test_report.py, tests/test_sweeps_notebook.py)."""
+    import subprocess
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if worker_id != "master" else root  # xdist: <session>/popen-gwN -> <session>
+    out, sweep = root / "tiny_sweep", root / "tiny_sweep" / "multirun"
+    with FileLock(str(root / "tiny_sweep.lock")):
+        if not (out / "done").exists():
+            cmd = [sys.executable, "src/train.py", "--config-dir", "sweeps", "--config-name", "onoff_small",
+                   "arm=k1,k2", "seed=0,1", *FAST_OVERRIDES, "save_policy=false", "trainer.max_steps=4",
+                   "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={out / 'cache'}",
+                   "final_eval.enabled=true", "final_eval.num_samples=2"]  # the claim table needs the test score
+            env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            (out / "done").write_text("")
+    return sweep
+
+
 @pytest.fixture
 def tiny_spec():
     """A small random character-level Qwen2 model spec (no warm start)."""

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
@@ -36,6 +37,9 @@ CASES = {
                            ["train.py: error: model.warmstart.patience must be null (never stop early) or an "
                             "integer >= 1 (evaluations without a gain), got 0"]),
     "eval_missing_data_path": ("src/eval.py", ["data=jsonl"], {}, ["eval.py: error: data.path is required"]),
+    # refused after the memory plan was logged (a missing data file is checked last): the folder keeps its log
+    "missing_data_file": ("src/train.py", ["data=jsonl", "data.path=/nonexistent/missing.jsonl"], {},
+                          ["/nonexistent/missing.jsonl"]),
     "traceback_env": ("src/eval.py", ["data=jsonl"], {"GRPOLAB_TRACEBACK": "1"}, []),  # the cheaper entry point
 }
 
@@ -52,15 +56,20 @@ def _run(tmp, name: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    tmp = tmp_path_factory.mktemp("cli_errors")
+def runs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cli_errors")
+
+
+@pytest.fixture(scope="module")
+def runs(runs_dir) -> dict[str, subprocess.CompletedProcess]:
+    tmp = runs_dir
     with ThreadPoolExecutor(max_workers=max(2, min(len(CASES), os.cpu_count() or 2))) as pool:
         return dict(zip(CASES, pool.map(lambda n: _run(tmp, n), CASES), strict=True))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in CASES if n != "traceback_env"])
-def test_a_user_error_is_one_line_naming_the_key_and_the_fix(runs, name):
+def test_a_user_error_is_one_line_naming_the_key_and_the_fix(runs, runs_dir, name):
     proc = runs[name]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -71,6 +80,13 @@ def test_a_user_error_is_one_line_naming_the_key_and_the_fix(runs, name):
     assert "Traceback" not in output and "Error in call to target" not in output
     assert "HYDRA_FULL_ERROR" not in output and "To append to your config use" not in output
     assert "instantiating" not in output  # found before anything was built
+    # train.py leaves no run folder behind for a refused config (only Hydra's record and an empty log would be in
+    # it); one refused after the memory plan was logged keeps its log, which holds the plan
+    folder = runs_dir / name
+    if name == "missing_data_file":
+        assert "memory plan" in (folder / "train.log").read_text()
+    elif CASES[name][0] == "src/train.py":
+        assert not folder.exists(), sorted(p.name for p in folder.rglob("*"))
 
 
 @pytest.mark.slow

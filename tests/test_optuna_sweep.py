@@ -119,41 +119,9 @@ class _Raising:
 
 
 @pytest.mark.slow
-def test_the_same_command_again_continues_the_study(tmp_path):
-    sweep, steps = tmp_path / "study", 4
-    first = subprocess.run(_cmd(sweep, steps, trials=2), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
-                           timeout=300)
-    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
-    before = {t.number: t for t in _study(sweep).trials}
-    assert sorted(before) == [0, 1] and all(t.state.name == "COMPLETE" for t in before.values())
-    # the same command with more trials: one new trial, numbered on (its folder is 2_..., not a second 0_...)
-    again = subprocess.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
-                           timeout=300)
-    log = again.stdout + again.stderr
-    assert again.returncode == 0, log[-3000:]
-    assert "2 trials (2 complete, 0 failed, 0 interrupted: resumed first), 1 new to reach n_trials=3" in log, log[-3000:]
-    assert "finished already" not in log  # no new trial was handed an old trial's folder (and result)
-    trials = _study(sweep).trials
-    assert [t.number for t in trials] == [0, 1, 2] and all(t.state.name == "COMPLETE" for t in trials)
-    for n in (0, 1):  # kept as they were: continued, not restarted
-        assert trials[n].params == before[n].params and trials[n].datetime_complete == before[n].datetime_complete
-    # the continued sampler is seeded with seed + 2: the seeded start-up draws of the first run are not repeated
-    lrs = [t.params["algo.learning_rate"] for t in trials]
-    assert len(set(lrs)) == 3, lrs
-    jobs = {_check_trial_folder(sweep, t, steps) for t in trials}
-    assert jobs == {p for p in sweep.iterdir() if p.is_dir()}  # one job folder per trial, nothing else
-    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
-    best = max(trials, key=lambda t: t.value)
-    assert results["best_value"] == best.value and results["best_params"] == best.params
-    # the whole study again: nothing left to run, nothing launched
-    done = subprocess.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0 and "Launching" not in done.stdout + done.stderr
-    assert len(_study(sweep).trials) == 3
-
-
-@pytest.mark.slow
-def test_a_ctrl_c_mid_trial_is_resumed_by_the_rerun(tmp_path):
+def test_a_ctrl_c_mid_trial_is_resumed_by_the_rerun_and_more_trials_continue_the_study(tmp_path):
+    """One study through its life: a Ctrl-C mid-trial, the rerun that resumes it, the same command with more
+    trials (one new trial, the others kept), and once more (nothing to run)."""
     sweep, steps = tmp_path / "study", 16
     proc = subprocess.Popen(_cmd(sweep, steps, trials=2), cwd=REPO_ROOT, env=ENV, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -200,3 +168,28 @@ def test_a_ctrl_c_mid_trial_is_resumed_by_the_rerun(tmp_path):
     assert _check_trial_folder(sweep, after[1], steps) == job1
     _check_trial_folder(sweep, after[0], steps)
     assert len([p for p in sweep.iterdir() if p.is_dir()]) == 2
+    # the same command with more trials: one new trial, numbered on (its folder is 2_..., not a second 0_...)
+    before = {t.number: t for t in after}
+    again = subprocess.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=300)
+    log = again.stdout + again.stderr
+    assert again.returncode == 0, log[-3000:]
+    assert "2 trials (2 complete, 0 failed, 0 interrupted: resumed first), 1 new to reach n_trials=3" in log, log[-3000:]
+    assert "finished already" not in log  # no new trial was handed an old trial's folder (and result)
+    trials = _study(sweep).trials
+    assert [t.number for t in trials] == [0, 1, 2] and all(t.state.name == "COMPLETE" for t in trials)
+    for n in (0, 1):  # kept as they were: continued, not restarted
+        assert trials[n].params == before[n].params and trials[n].datetime_complete == before[n].datetime_complete
+    # the continued sampler is seeded with seed + 2: the seeded start-up draws of the first run are not repeated
+    lrs = [t.params["algo.learning_rate"] for t in trials]
+    assert len(set(lrs)) == 3, lrs
+    jobs = {_check_trial_folder(sweep, t, steps) for t in trials}
+    assert jobs == {p for p in sweep.iterdir() if p.is_dir()}  # one job folder per trial, nothing else
+    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    best = max(trials, key=lambda t: t.value)
+    assert results["best_value"] == best.value and results["best_params"] == best.params
+    # the whole study again: nothing left to run, nothing launched
+    done = subprocess.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "Launching" not in done.stdout + done.stderr
+    assert len(_study(sweep).trials) == 3

@@ -82,6 +82,7 @@ def test_plan_only_prints_and_loads_nothing(tmp_path):
     assert "peak per process" in out and "DDP gradient buckets" in out and "7,615,616,512" in out
     assert "instantiating" not in out  # no data, verifier, model, rollout or trainer
     assert not hf_home.exists() and not (tmp_path / "cache").exists()
+    assert not (tmp_path / "run").exists()  # the plan is on stdout: no run folder with an empty train.log
     assert wants_plan_only(compose_train_cfg(tmp_path, ["plan.only=true"]))  # the key without `+`
     assert not wants_plan_only(compose_train_cfg(tmp_path, []))
 
@@ -98,7 +99,7 @@ def test_qwen7b_full_finetuning_is_refused_before_loading(tmp_path, caplog):
     assert "exceeds" in msg and "optimizer" in msg and "model.lora.r=16" in msg and "plan.check=false" in msg
     assert "nothing was loaded" in msg
     cfg.plan.check = False  # the same plan only warns
-    assert check_memory_plan(cfg, algo, validate_lora(cfg.model.lora)).peak_bytes == plan.peak_bytes
+    assert check_memory_plan(cfg, algo, validate_lora(cfg.model.lora))["peak_bytes"] == plan.peak_bytes
     assert "running anyway" in caplog.text
 
 

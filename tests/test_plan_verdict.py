@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, compose_train_cfg
+from conftest import compose_train_cfg
 from omegaconf import OmegaConf
 
 from grpolab.app.plan_from_config import fits_with, make_plan, print_plan, refusal_message
@@ -144,18 +144,3 @@ def test_checkpointing_plan_against_a_measured_backward():
         # one recomputed layer (and its backward) on top of the inputs: the plan is 1.36-1.42x the measurement,
         # conservative; the two layers planned before were 2.3x
         assert 1.0 <= planned / measured < 1.8, (layers, planned / MIB, measured / MIB)
-
-
-def test_no_empty_run_folder_is_left_behind(tmp_path):
-    def train(*args, folder):
-        proc = subprocess.run([sys.executable, "src/train.py", *args, f"hydra.run.dir={folder}"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=300)
-        return proc, folder
-
-    plan, folder = train("model=qwen7b", "+plan_only=true", folder=tmp_path / "plan")
-    assert plan.returncode == 0 and "peak per process" in plan.stdout and not folder.exists()
-    refused, folder = train("algo.beta=-1", folder=tmp_path / "refused")
-    assert refused.returncode == 2 and "algo.beta" in refused.stderr and not folder.exists()
-    # refused after the plan was logged (a missing data file is checked last): the log holds the plan, so it stays
-    late, folder = train("data=jsonl", f"data.path={tmp_path / 'missing.jsonl'}", folder=tmp_path / "late")
-    assert late.returncode == 2 and "memory plan" in (folder / "train.log").read_text()

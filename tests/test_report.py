@@ -7,14 +7,13 @@ import csv
 import importlib.util
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
-from conftest import FAST_OVERRIDES, REPO_ROOT
+from conftest import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("report", REPO_ROOT / "sweeps" / "report.py")
 report = importlib.util.module_from_spec(spec)
@@ -166,52 +165,39 @@ def test_results_csv_and_bad_arguments(tmp_path, capsys):
         in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def tiny_multirun(tmp_path_factory):
-    """`python src/train.py -m algo=grpo_onpolicy,grpo_async seed=0,1` (4 steps, a tiny random model)."""
-    tmp = tmp_path_factory.mktemp("multirun")
-    sweep = tmp / "multirun"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-    cmd = [sys.executable, "src/train.py", "-m", "algo=grpo_onpolicy,grpo_async", "seed=0,1", *FAST_OVERRIDES,
-           "save_policy=false", "trainer.max_steps=4", "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}",
-           f"paths.cache_dir={tmp / 'cache'}", "final_eval.enabled=true", "final_eval.num_samples=2"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return sweep
-
-
 @pytest.mark.slow
-def test_real_tiny_multirun(tiny_multirun, tmp_path):
-    """The report on a real multirun's folder: arms named by the typed override, matched by seed, curves drawn."""
-    sweep = tiny_multirun
+def test_real_tiny_multirun(tiny_sweep, tmp_path):
+    """The report on a real multirun's folder (conftest's shared tiny sweep, arm=k1,k2 seed=0,1): arms named by the
+    typed override, matched by seed, curves drawn."""
+    sweep = tiny_sweep
     curves = tmp_path / "curves.csv"
-    proc = subprocess.run([sys.executable, "sweeps/report.py", str(sweep), "--vs", "grpo_onpolicy", "--margin", "0.05",
+    proc = subprocess.run([sys.executable, "sweeps/report.py", str(sweep), "--vs", "k1", "--margin", "0.05",
                            "--curves-out", str(curves), "--curve-every", "2", "--out", str(tmp_path / "report")],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert "test_mean_at_2 mean +- SE" in lines[0] and "vs `algo=grpo_onpolicy`" in lines[0]
-    assert lines[2].startswith("| `algo=grpo_onpolicy` | 0, 1 | 2 |") and lines[3].startswith("| `algo=grpo_async` | 0, 1 | 2 |")
+    assert "test_mean_at_2 mean +- SE" in lines[0] and "vs `arm=k1`" in lines[0]
+    assert lines[2].startswith("| `arm=k1` | 0, 1 | 2 |") and lines[3].startswith("| `arm=k2` | 0, 1 | 2 |")
     # same seeds, warm start, steps, test split and samples: no warning (a random model may score the same on both
     # seeds: then the note of a zero-variance difference, said in words); no job left out
     assert lines[2].endswith("|  |") and "Warnings:" not in proc.stdout
     assert lines[3].endswith("|  |") or lines[3].split(" | ")[-1].startswith("zero variance: all 2 pairs differ by")
     with curves.open() as fh:
         rows = list(csv.DictReader(fh))
-    assert sorted({(r["arm"], r["seed"]) for r in rows}) == [("algo=grpo_async", "0"), ("algo=grpo_async", "1"),
-                                                            ("algo=grpo_onpolicy", "0"), ("algo=grpo_onpolicy", "1")]
+    assert sorted({(r["arm"], r["seed"]) for r in rows}) == [("arm=k1", "0"), ("arm=k1", "1"), ("arm=k2", "0"),
+                                                            ("arm=k2", "1")]
     assert [r["step"] for r in rows[:3]] == ["0", "2", "4"] and rows[2]["train_reward"] != ""
     assert (tmp_path / "report" / "curves.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
-def test_render_leaves_out_an_interrupted_job(tiny_multirun, tmp_path):
+def test_render_leaves_out_an_interrupted_job(tiny_sweep, tmp_path):
     """notebooks/render.py used to average an interrupted job with finished ones without a word; now it leaves it
     out with the report's filter and says so."""
     import nbformat
 
     sweep = tmp_path / "sweep"
-    shutil.copytree(tiny_multirun, sweep, ignore=shutil.ignore_patterns("checkpoints", "report"))
+    shutil.copytree(tiny_sweep, sweep, ignore=shutil.ignore_patterns("checkpoints", "report"))
     summary_path = next(p for p in sorted(sweep.glob("3_*/summary.json")))
     summary = json.loads(summary_path.read_text())
     summary.update(interrupted=True, signal="SIGTERM")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FAST_OVERRIDES, REPO_ROOT
+from conftest import REPO_ROOT
 
 SWEEPS = REPO_ROOT / "sweeps"
 ARMS = {  # arm -> (algo name, k, i, mask)
@@ -80,21 +80,6 @@ def test_wandb_sweep_file_covers_the_same_grid():
     cfg = compose_sweep("onoff", [c for c in command if re.match(r"^[\w.]+=", c)] + ["arm=k10", "seed=1"])
     assert cfg.algo.steps_per_generation == 10 and cfg.logger.wandb.group == "onoff-wandb"
     assert list(cfg.logger.wandb.auto_tags) == ["algo=grpo_offpolicy", "k=10", "i=1", "mask=True", "seed=1"]
-
-
-@pytest.fixture(scope="module")
-def tiny_sweep(tmp_path_factory):
-    """The real sweep command on a tiny grid: 2 arms x 2 seeds x 4 steps of a small random model."""
-    out = tmp_path_factory.mktemp("sweep")
-    sweep_dir = out / "multirun"
-    cmd = [sys.executable, "src/train.py", "--config-dir", "sweeps", "--config-name", "onoff_small",
-           "arm=k1,k2", "seed=0,1", *FAST_OVERRIDES, "save_policy=false", "trainer.max_steps=4",
-           "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep_dir}", f"paths.cache_dir={out / 'cache'}",
-           "final_eval.enabled=true", "final_eval.num_samples=2"]  # the claim table needs the final test score
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return sweep_dir
 
 
 @pytest.mark.slow

@@ -1,28 +1,22 @@
 """The drift the drift refresh rule (``rollout/refresh=drift``, formerly ``rollout.refresh=adaptive``) reads: over
 completion tokens (a minibatch whose groups are all masked still measures it), token-weighted over ranks (one
-definition for the rule and the log), and summed through a tensor on the strategy's device (a process group on GPUs
+definition for the rule and the log: tests/rollout/test_rules_over_ranks.py), and summed through a tensor on the strategy's device (a process group on GPUs
 has no CPU backend)."""
 
 from __future__ import annotations
 
 import os
-import socket
 from functools import partial
 
 import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
-from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.strategies import DDPStrategy
 
 from grpolab.algo.diagnostics import drift_sum, policy_sampler_divergence
-from grpolab.algo.metric_reduction import WEIGHT_NAMES
 from grpolab.app.run import run_training
-from grpolab.callbacks.step_logging import reduce_over_ranks
 from grpolab.distributed import reduce_floats_over_ranks
 from grpolab.rollout.rules.base import RefreshRecord, one_process
 from grpolab.rollout.rules.drift import DriftRefresh
@@ -48,50 +42,6 @@ def _record_at_position_1(drift, reduce=one_process) -> RefreshRecord:
     """What the rule reads before step 1 of a k = 4 buffer: this rank's drift of step 0's minibatch."""
     return RefreshRecord(step=1, position=1, schedule=Schedule(steps_per_generation=4), at_minibatch_boundary=True,
                          drift=drift, reduce=reduce)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-RANK_DRIFTS = [(0.7, 3), (0.05, 97)]  # rank 0: 0.23 on 3 tokens; rank 1: ~0.0005 on 97 tokens
-
-
-def _drift_worker(rank: int, port: int, out: str) -> None:
-    """One of 2 gloo ranks: the rule's drift and the logged ``train/rollout/drift`` through Lightning's DDP strategy."""
-    torch.set_num_threads(1)
-    os.environ["LOCAL_RANK"] = str(rank)  # Lightning's environment: this rank's root device
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        env = LightningEnvironment()
-        env.set_world_size(2)
-        env.set_global_rank(rank)
-        strategy = DDPStrategy(parallel_devices=[torch.device("cpu")] * 2, cluster_environment=env)
-        rule = DriftRefresh(max_drift=0.5)
-        rule.should_refresh(_record_at_position_1(RANK_DRIFTS[rank], partial(reduce_floats_over_ranks, strategy)))
-        drift = rule.last
-        metrics = {f"train/{k}": v for k, v in rule.metrics().items()}
-        rows = RANK_DRIFTS[rank][1]  # the ranks averaged other amounts (a row-weighted mean of the ranks' equal values
-        # rounds to another float for these numbers)
-        weights = {name: float(rows) for name in WEIGHT_NAMES}
-        logged = reduce_over_ranks(strategy, metrics, weights)["train/rollout/drift"]
-        torch.save({"world": strategy.world_size, "drift": drift, "logged": logged}, f"{out}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
-def test_two_ranks_combine_the_drift_token_weighted_for_the_rule_and_the_log(tmp_path):
-    mp.spawn(_drift_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    assert [r["world"] for r in ranks] == [2, 2]
-    # sum over every rank's tokens / every rank's tokens: not the plain mean of the ranks' means (0.117)
-    assert ranks[0]["drift"] == pytest.approx(0.75 / 100)
-    # one number: what each rank's rule read and what the log shows, exactly
-    assert ranks[0]["drift"] == ranks[1]["drift"] == ranks[0]["logged"] == ranks[1]["logged"]
 
 
 @pytest.fixture

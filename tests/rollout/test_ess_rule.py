@@ -1,29 +1,19 @@
-"""The ESS refresh rule (rollout/refresh=ess): what it reads and when it fires, its value pooled over 2 processes (the
-rule's and the logged number equal the ESS of the pooled batch), and in training: exactly 1 where the sampler is the
+"""The ESS refresh rule (rollout/refresh=ess): what it reads and when it fires (pooled over 2 processes:
+tests/rollout/test_rules_over_ranks.py), and in training: exactly 1 where the sampler is the
 policy, below 1 once the policy moved, refreshing below the threshold."""
 
 from __future__ import annotations
 
 import math
-import os
-import socket
-from functools import partial
 
 import pandas as pd
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, compose_train_cfg
-from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.pytorch.strategies import DDPStrategy
 
-from grpolab.algo.ess import LEVELS, effective_sample_size
-from grpolab.algo.metric_reduction import WEIGHT_NAMES, Rule, explicit_rule
+from grpolab.algo.metric_reduction import Rule, explicit_rule
 from grpolab.app.run import run_training
-from grpolab.callbacks.step_logging import reduce_over_ranks
-from grpolab.distributed import reduce_floats_over_ranks
 from grpolab.handle import ServedBatch
 from grpolab.rollout.rules.base import RefreshRecord, one_process
 from grpolab.rollout.rules.ess import EssRefresh
@@ -51,59 +41,6 @@ def test_the_rule_reads_the_served_weights_and_fires_below_the_threshold():
     for record in (_record(served, position=0), _record(None)):  # nothing of the buffer trained; nothing measured
         assert not rule.should_refresh(record) and math.isnan(rule.last)
     assert explicit_rule("train/rollout/ess") == explicit_rule("train/rollout/ess_refreshes") == Rule("max")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# rank 0: 2 completions of 3 tokens (one padded), rank 1: 3 completions of 2 tokens; weights spread unevenly
-torch.manual_seed(0)
-RANK_LOG_RATIOS = [torch.randn(2, 3) * 0.5, torch.randn(3, 2) * 0.5 + 0.3]
-RANK_MASKS = [torch.tensor([[1, 1, 1], [1, 1, 0]]).bool(), torch.ones(3, 2, dtype=torch.bool)]
-
-
-def _ess_worker(rank: int, port: int, out: str) -> None:
-    """One of 2 gloo ranks: the rule's ESS and the logged ``train/rollout/ess`` through Lightning's DDP strategy, at
-    each level."""
-    torch.set_num_threads(1)
-    os.environ["LOCAL_RANK"] = str(rank)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        env = LightningEnvironment()
-        env.set_world_size(2)
-        env.set_global_rank(rank)
-        strategy = DDPStrategy(parallel_devices=[torch.device("cpu")] * 2, cluster_environment=env)
-        served = _served(RANK_LOG_RATIOS[rank], RANK_MASKS[rank])
-        result = {}
-        for level in LEVELS:
-            rule = EssRefresh(min_ess=0.5, level=level)
-            rule.should_refresh(_record(served, reduce=partial(reduce_floats_over_ranks, strategy)))
-            metrics = {f"train/{k}": v for k, v in rule.metrics().items()}
-            weights = {name: float(rank + 1) for name in WEIGHT_NAMES}  # the ranks averaged other amounts
-            result[level] = {"ess": rule.last, "logged": reduce_over_ranks(strategy, metrics, weights)["train/rollout/ess"]}
-        torch.save(result, f"{out}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 CPU processes need 2 cores")
-def test_two_ranks_pool_the_ess_for_the_rule_and_the_log(tmp_path):
-    mp.spawn(_ess_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    # the ESS of the pooled batch (both ranks' completions in one, padded to 3 tokens), not a mean of the ranks'
-    pooled_ratio = torch.cat([RANK_LOG_RATIOS[0], torch.nn.functional.pad(RANK_LOG_RATIOS[1], (0, 1))])
-    pooled_mask = torch.cat([RANK_MASKS[0], torch.nn.functional.pad(RANK_MASKS[1], (0, 1))])
-    for level in LEVELS:
-        expected = effective_sample_size(pooled_ratio, pooled_mask, level)
-        own = [effective_sample_size(RANK_LOG_RATIOS[r], RANK_MASKS[r], level) for r in range(2)]
-        assert ranks[0][level]["ess"] == pytest.approx(expected, rel=1e-12) and expected < 1, level
-        assert abs(expected - sum(own) / 2) > 1e-3, level  # the pooling matters for these numbers
-        # one number: what each rank's rule read and what the log shows, exactly
-        assert ranks[0][level]["ess"] == ranks[1][level]["ess"] == ranks[0][level]["logged"] == ranks[1][level]["logged"]
 
 
 def test_in_training_the_ess_is_one_where_the_sampler_is_the_policy_and_refreshes_below_the_bound(tmp_path):

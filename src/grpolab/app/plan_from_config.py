@@ -295,11 +295,13 @@ def refusal_message(plan: MemoryPlan, budget: int, budget_source: str, cfg: Dict
             "the table above)")
 
 
-def check_memory_plan(cfg: DictConfig, algo: Any, lora: Any) -> MemoryPlan | None:
-    """Log the plan as a table and stop when it exceeds the memory the run can see (``plan.check``).
+def check_memory_plan(cfg: DictConfig, algo: Any, lora: Any) -> dict | None:
+    """Log the plan as a table and stop when it exceeds the memory the run can see (``plan.check``). The plan is
+    made once per run, here (``grpolab.app.preflight.preflight``), and carried to ``summary.json``.
 
     Returns:
-        The plan, or None when the model's shape is not in the config.
+        The plan as ``summary.json``'s ``memory_plan`` holds it (:meth:`MemoryPlan.to_dict` with
+        ``available_bytes``), or None when the model's shape is not in the config.
 
     Raises:
         ValueError: the plan exceeds the budget and ``plan.check`` is true (naming the largest terms and the
@@ -315,18 +317,7 @@ def check_memory_plan(cfg: DictConfig, algo: Any, lora: Any) -> MemoryPlan | Non
         if check:
             raise ConfigError(refusal_message(plan, budget, why, cfg))
         log.warning("memory plan exceeds the %s (%.1f GiB); plan.check=false: running anyway", why, budget / GIB)
-    return plan
-
-
-def plan_summary(cfg: DictConfig) -> dict | None:
-    """``summary.json``'s ``memory_plan``: the plan logged before the run (recomputed from the config, so the
-    same numbers), with ``available_bytes``; None without a known shape."""
-    from grpolab.config import GRPOConfig
-    from grpolab.lora import LoraAdapterConfig
-
-    algo = GRPOConfig.from_dict(OmegaConf.to_container(cfg.algo, resolve=True))
-    plan, budget, _ = make_plan(cfg, algo, LoraAdapterConfig.from_dict(cfg.model.get("lora")))
-    return None if plan is None else {**plan.to_dict(), "available_bytes": budget}
+    return {**plan.to_dict(), "available_bytes": budget}
 
 
 def wants_plan_only(cfg: DictConfig) -> bool:

@@ -43,6 +43,7 @@ class Checked:
     settings: RolloutConfig
     lora: LoraAdapterConfig
     resume_drop_buffer: bool
+    memory_plan: dict | None = None  # the plan made and logged here, for summary.json (made once per run)
 
 
 def preflight(cfg: DictConfig) -> Checked:
@@ -75,9 +76,9 @@ def preflight(cfg: DictConfig) -> Checked:
     check_final_eval(cfg.get("final_eval"))
     if cfg.get("ckpt_path"):
         check_saved_rollout(cfg.ckpt_path, algo, cfg.trainer, drop)
-    check_memory_plan(cfg, algo, lora)
+    memory_plan = check_memory_plan(cfg, algo, lora)
     check_paths(cfg)  # data.path, data.test_path, model.path, ... that do not exist, named
-    return Checked(algo, engine_cls, engine_args, settings, lora, drop)
+    return Checked(algo, engine_cls, engine_args, settings, lora, drop, memory_plan)
 
 
 def planned_world_size(trainer: Any) -> int | None:

@@ -14,7 +14,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
 from grpolab.app.cli import resume_command
-from grpolab.app.plan_from_config import plan_summary
 from grpolab.app.preflight import Checked, preflight
 from grpolab.app.run_folder import RunFolder
 from grpolab.app.slurm import requeue, requeue_signals, will_requeue
@@ -96,7 +95,8 @@ def build(cfg: DictConfig, checked: Checked | None = None) -> dict[str, Any]:
     loggers = [_build(cfg.logger, k) for k in cfg.get("logger") or {}]
     log_config(loggers, cfg)  # the composed config as the run's hyperparameters (W&B config, TensorBoard hparams)
     trainer = _build(cfg, "trainer", callbacks=callbacks, logger=loggers)
-    return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer, "stop": stop}
+    return {"algo": algo, "task": task, "module": module, "datamodule": datamodule, "trainer": trainer, "stop": stop,
+            "memory_plan": checked.memory_plan}
 
 
 def run_training(cfg: DictConfig, checked: Checked | None = None) -> dict:
@@ -187,7 +187,7 @@ def write_outputs(cfg: DictConfig, parts: dict[str, Any], final: dict, total_s: 
                    signal=signal.Signals(stop.signum).name if stop.signum else None,
                    stopped_in=stop.stopped_in if stop.signum else None)
     summary.update(world_size=int(trainer.world_size), **count_parameters(module.policy))
-    summary.update(final, memory_plan=plan_summary(cfg))
+    summary.update(final, memory_plan=parts["memory_plan"])
     summary.update(summary_keys(parts.get("failure"), parts["datamodule"].sampler.restarts))
     if trainer.is_global_zero:  # under DDP/FSDP only rank 0 writes the run folder
         RunFolder(out).write_summary(summary)  # atomic: a reader never sees half of it
