@@ -2,19 +2,19 @@
 
     python scripts/grid_survival.py [--keep <folder>]      # about 3 minutes on 2 CPU cores; exit 0 = every check held
 
-Through the real joblib launcher (``hydra/launcher=joblib``, two jobs at once, the tiny fast model, 12 steps, a
-validation and ``last.ckpt`` every 4), one sweep folder:
+Through the real joblib launcher (``hydra/launcher=joblib``, two jobs at once, the tiny fast model, 60 steps, a
+validation and ``last.ckpt`` every 20), one sweep folder:
 
 1. ``lr=1e-4,2e-4 seed=0,1`` (4 jobs), **Ctrl-C** to the process group once two jobs train: exit 130, those two
    interrupted with ``last.ckpt``, no queued job started;
 2. the same command again (**rerun**), and **a second rerun at once** in another process: every job runs in one of
-   them, the other refuses it in one line; one running job is **killed with SIGKILL** after its step-4 checkpoint
-   (its rerun's pool breaks, so that rerun's other job dies too);
+   them, the other refuses it in one line; a job that started in this round is **killed with SIGKILL** after its
+   step-20 checkpoint (its rerun's pool breaks, so that rerun's other job dies too);
 3. the same command again: every job ends finished (the killed ones resume from ``last.ckpt``);
 4. the grid **extended by a seed** (``seed=0,1,2``, 6 jobs, renumbered): the 4 finished jobs are not trained again,
    the 2 new ones are.
 
-Then: 6 job folders, each finished with every train step 0..11 in ``metrics.csv`` exactly once and every
+Then: 6 job folders, each finished with every train step 0..59 in ``metrics.csv`` exactly once and every
 validation; the killed job's rows and weights equal an uninterrupted run of its settings, bit for bit; the results
 export (``sweeps/sweep_status.py --csv``) run twice holds 6 rows, each job once. A SLURM requeue is the same resume
 in place (``RunFolder.resume_in_place``) and is checked on a real cluster in ``tests/slurm/test_slurm_requeue.py``.
@@ -40,12 +40,12 @@ sys.path.insert(0, str(REPO / "src"))
 
 from grpolab.app.run_folder import RunFolder  # noqa: E402
 
-STEPS = 12
+STEPS, VAL = 60, 20  # a validation and last.ckpt every VAL steps; signals land while VAL more steps are left
 FAST = ["model.warmstart=null", "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
         "model.num_key_value_heads=1", "model.intermediate_size=64", "data.val_size=8", "data.test_size=16",
         "val.num_generations=2", "algo.num_generations=4", "algo.per_device_train_batch_size=8",
         "trainer.enable_progress_bar=false", "save_policy=true", "val.at_start=false",
-        "trainer.val_check_interval=4", "callbacks.completions.every_n_steps=1000", f"trainer.max_steps={STEPS}"]
+        f"trainer.val_check_interval={VAL}", "callbacks.completions.every_n_steps=1000", f"trainer.max_steps={STEPS}"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
 
@@ -65,9 +65,13 @@ def start(cmd: list[str]) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-def steps_logged(job: Path) -> int:
-    path = job / "metrics.csv"
-    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
+def checkpointed(job: Path) -> int:
+    """The step of the job's ``last.ckpt`` (0 without one)."""
+    ckpt = RunFolder(job).last_checkpoint
+    try:
+        return RunFolder.checkpoint_step(ckpt) if ckpt.exists() else 0
+    except Exception:  # being written (an atomic rename; a reader may still catch the moment)
+        return 0
 
 
 def wait(what: str, ready, proc: subprocess.Popen | None = None, limit: float = 300) -> None:
@@ -113,16 +117,18 @@ def main() -> None:
 
     # 1. Ctrl-C while two jobs train
     first = start(grid(sweep, "0,1"))
-    wait("two jobs training", lambda: sum(steps_logged(j) >= 3 for j in jobs()) >= 2, first)
+    wait("two jobs past their first checkpoint", lambda: sum(
+        worker_running(j) is not None and checkpointed(j) >= VAL for j in jobs()) >= 2, first)
     os.killpg(first.pid, signal.SIGINT)
     out = first.communicate(timeout=180)[0]
     states = [RunFolder(j).state() for j in jobs()]
     check(first.returncode == 130 and states.count("interrupted") == 2 and len(states) == 2,
           f"Ctrl-C: exit {first.returncode}, job folders {states} (2 interrupted, no queued job started)", out)
 
-    # 2. two reruns at once; a job of the first killed with SIGKILL after its step-4 checkpoint
+    # 2. two reruns at once; a job that starts in this round killed with SIGKILL after its step-20 checkpoint
+    resumed = {j.name for j in jobs()}
     one = start(grid(sweep, "0,1"))
-    wait("the first rerun's jobs training", lambda: any(steps_logged(j) >= 1 and worker_running(j) for j in jobs()))
+    wait("the first rerun's jobs running", lambda: any(worker_running(j) for j in jobs()))
     two = start(grid(sweep, "0,1"))
     victim = None
 
@@ -130,8 +136,8 @@ def main() -> None:
         nonlocal victim
         for j in jobs():
             pid = worker_running(j)
-            if pid and RunFolder(j).last_checkpoint.exists() and RunFolder.checkpoint_step(
-                    RunFolder(j).last_checkpoint) >= 4 and steps_logged(j) >= 6:
+            step = checkpointed(j)
+            if pid and j.name not in resumed and VAL <= step < STEPS and RunFolder(j).state() != "finished":
                 victim = (j, pid)
                 return True
         return False
@@ -166,7 +172,7 @@ def main() -> None:
             rows = list(csv.DictReader(fh))
         train_steps = [int(float(r["step"])) for r in rows if r.get("train/loss")]
         val_steps = sorted({int(float(r["step"])) for r in rows if r.get("val/accuracy")})
-        check(train_steps == list(range(STEPS)) and val_steps == [4, 8, 12],
+        check(train_steps == list(range(STEPS)) and val_steps == list(range(VAL, STEPS + 1, VAL)),
               f"{j.name[:40]}: train steps 0..{STEPS - 1} once each, validations {val_steps}", str(train_steps))
 
     # the killed job equals an uninterrupted run of its settings
@@ -194,7 +200,7 @@ def main() -> None:
         check(res.returncode == 0, "sweeps/sweep_status.py --csv", res.stderr)
     with rows_csv.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
-    keys = {(r.get("algo.learning_rate"), r.get("seed")) for r in rows}
+    keys = {(r["arm"], r["seed"]) for r in rows}  # the arm: every override but the seed
     check(len(rows) == 6 and len(keys) == 6, f"the results export run twice: {len(rows)} rows, {len(keys)} distinct jobs")
     print(f"every check held ({root})")
 
