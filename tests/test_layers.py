@@ -10,6 +10,7 @@ a function, ``import``, ``from ... import``, ``from grpolab import x``, relative
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -95,32 +96,12 @@ def unit_graph(paths: list[Path], root: Path = PKG, leave_out: set[tuple[str, st
 
 
 def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
-    """The strongly connected sets of two or more units (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    out: list[tuple[str, ...]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp: list[str] = []
-            while comp[-1:] != [v]:
-                comp.append(stack.pop())
-            if len(comp) > 1:
-                out.append(tuple(sorted(comp)))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(out)
+    """The strongly connected sets of two or more units, each sorted (scripts/import_map.py's Tarjan, the one the
+    module-level map uses)."""
+    spec = importlib.util.spec_from_file_location("import_map", PKG.parents[1] / "scripts" / "import_map.py")
+    import_map = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(import_map)
+    return sorted(tuple(c) for c in import_map.cycles(graph))
 
 
 def _lines(pairs) -> str:
