@@ -145,3 +145,18 @@ def test_the_ablation_arms_change_one_factor_of_their_reference_arm():
         want = OmegaConf.to_container(compose_sweep("async_default", [f"correction_arm={ref}"]).algo, resolve=True)
         assert {k: v for k, v in got.items() if got[k] != want.get(k)} == changed, arm
         GRPOConfig.from_dict(got)  # the run's own checks accept it
+
+
+def test_the_refresh_screens_two_stages_read_validation_then_test_on_other_warm_starts():
+    """sweeps/refresh_screen_tune.yaml chooses each rule's threshold on the val split at the tuning warm start 3;
+    sweeps/refresh_screen_test.yaml scores the chosen arms on the test split at warm starts 0-2, paired seeds."""
+    tune, test = compose_sweep("refresh_screen_tune", []), compose_sweep("refresh_screen_test", [])
+    assert tune.final_eval.split == "val" and test.final_eval.split == "test"
+    assert tune.model.warmstart.seed == 3 and str(test.hydra.sweeper.params["model.warmstart.seed"]) == "0,1,2"
+    assert str(test.hydra.sweeper.params.seed) == "0,1" and test.hydra.sweeper.params.correction_arm == "k10_ppo"
+    assert tune.data.val_size == test.data.val_size == 1024 and tune.data.test_size == test.data.test_size
+    assert tune.trainer.max_steps == test.trainer.max_steps == 1000 and test.algo.learning_rate == 1e-4
+    arms = str(tune.hydra.sweeper.params.correction_arm).split(",")
+    for arm in ["k10_ppo", *arms]:  # every arm stage 2 can name composes under stage 2's settings
+        cfg = compose_sweep("refresh_screen_test", [f"correction_arm={arm}", "model.warmstart.seed=0", "seed=0"])
+        assert cfg.algo.steps_per_generation == 10 and cfg.algo.clip_mode == "ppo", arm
