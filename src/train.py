@@ -99,6 +99,9 @@ def _report_failure(cfg: DictConfig, failure: dict) -> None:
             "job failed: the sampler failed after step %s: %s; the sweep continues; rerun the sweep with "
             "hydra.sweep.dir=%s to resume it from %s", failure["step"], failure["reason"][:300],
             HydraConfig.get().sweep.dir, ckpt or "the last periodic checkpoint")
+        from grpolab.app.sweep_jobs import record_not_done
+
+        record_not_done(Path(cfg.paths.output_dir), f"failed: the sampler failed after step {failure['step']}")
         return
     command = resume_command(ckpt, "src/train.py")  # shell-quoted: pasted into a shell as is
     resume = (f"; saved {ckpt}; resume with: {command}" if ckpt
@@ -136,3 +139,6 @@ if __name__ == "__main__":
     guard_console()  # a closed stdout/stderr (| tee killed by Ctrl-C, | head) cannot stop the run
     check_overrides(CONFIG_DIR, "train", "train.py")  # a misspelt key: one line naming the closest keys
     main()
+    from grpolab.app.sweep_jobs import exit_if_not_done
+
+    exit_if_not_done()  # a sequential multirun whose job failed or was refused: exit 1, naming them

@@ -118,9 +118,13 @@ def test_a_rerun_with_other_weights_and_a_second_rerun_at_once_start_nothing(tmp
     job = next(sweep.glob("0_*"))
     record = (job / ".hydra" / "config.yaml").read_text()
     args = ["-m", "seed=0", *SHORT, f"model.path={tmp_path / 'other'}", f"hydra.sweep.dir={sweep}"]
-    other = subprocess.run(_cmd(*args), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    other = subprocess.run(_cmd(*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"), cwd=REPO_ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=300)
     log = other.stdout + other.stderr
     assert "this job folder holds a run with other settings (model.path=None there" in log, log[-3000:]
+    # the refused job has no result: the sweep says so and exits 1 (it used to exit 0)
+    assert other.returncode == 1 and "1 job(s) of the sweep ended without a result" in log, log[-3000:]
+    assert f"{job.name}: not started: its folder holds a run with other settings" in log
     assert "finished already" not in log and (job / ".hydra" / "config.yaml").read_text() == record
     assert not (job / "error.txt").exists() and job_state(job) == "finished"
     # a long job in one process; the same command again from a second: refused while the first runs
@@ -136,6 +140,7 @@ def test_a_rerun_with_other_weights_and_a_second_rerun_at_once_start_nothing(tmp
         second = subprocess.run(_cmd(*args), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
         log = second.stdout + second.stderr
         assert f"this job is running in another process (pid {proc.pid})" in log, log[-3000:]
+        assert second.returncode == 0  # the job's result will come: the other process trains it
         assert "resuming from" not in log and proc.poll() is None
     finally:
         os.killpg(proc.pid, signal.SIGINT)
@@ -198,3 +203,20 @@ def test_a_grid_extended_by_a_seed_trains_none_of_its_finished_jobs_again(tmp_pa
     assert jobs == ["0", "1", "2", "3"]  # one folder per job, none left over
     (after,) = sweep.glob("2_seed-0+*0.0002*")
     assert (after / "policy" / "model.safetensors").read_bytes() == policy and job_state(after) == "finished"
+
+
+def test_a_sequential_sweep_with_a_job_without_result_exits_1_naming_it(tmp_path, caplog):
+    """A job that failed or was refused is recorded in the sweep's process; once every job returned, the sweep exits
+    1 with one line per such job, and a new launch starts with none."""
+    from grpolab.app.sweep_jobs import clear_not_done, exit_if_not_done, not_done, record_not_done
+
+    clear_not_done(tmp_path)
+    exit_if_not_done(tmp_path)  # nothing recorded: returns
+    record_not_done(tmp_path / "3_seed-1", "failed (error.txt)")
+    (tmp_path / ".jobs_not_done").write_text("5_seed-2: not started: other settings\n")  # a worker's record
+    assert not_done(tmp_path) == ["3_seed-1: failed (error.txt)", "5_seed-2: not started: other settings"]
+    with pytest.raises(SystemExit) as stop:
+        exit_if_not_done(tmp_path)
+    assert stop.value.code == 1 and "2 job(s) of the sweep ended without a result" in caplog.text
+    clear_not_done(tmp_path)
+    assert not_done(tmp_path) == [] and not (tmp_path / ".jobs_not_done").exists()

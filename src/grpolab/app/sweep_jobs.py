@@ -75,20 +75,23 @@ def task_wrapper(fn: Callable[[DictConfig], dict | None]) -> Callable[[DictConfi
         try:
             return fn(cfg)
         except Exception as ex:
-            from grpolab.app.run_identity import NotThisJob
+            from grpolab.app.run_identity import NotThisJob, RunFolderBusy
 
             if not in_multirun():
                 raise
+            out = Path(cfg.paths.output_dir)
             if isinstance(ex, NotThisJob):  # another run's folder: not started, nothing written there
                 log.error("job not started: %s", one_line(str(ex)))
+                if not isinstance(ex, RunFolderBusy):  # the other process owns that job; this one has no result
+                    record_not_done(out, "not started: its folder holds a run with other settings")
                 return None
-            out = Path(cfg.paths.output_dir)
             out.mkdir(parents=True, exist_ok=True)
             (out / "error.txt").write_text(traceback.format_exc())
             if (err := user_error(ex)) is not None and not wants_traceback():  # a config error: its line only
                 log.error("job failed: %s; the sweep continues (see %s)", one_line(str(err)), out / "error.txt")
             else:
                 log.exception("job failed; the sweep continues (see %s)", out / "error.txt")
+            record_not_done(out, "failed (error.txt)")
             return None
 
     return wrapped
@@ -157,3 +160,45 @@ def stopped_sweep_code() -> int | None:
         log.warning("sweep job %s not started: the sweep was stopped by a signal; rerun the same command to run it",
                     out.name)
     return code
+
+
+NOT_DONE_FILE = ".jobs_not_done"  # in hydra.sweep.dir: one line per job of this launch that failed or was refused
+_not_done: list[str] = []  # this process's (a sequential sweep runs its jobs in the launcher's process)
+
+
+def record_not_done(job_dir: Path, why: str) -> None:
+    """Note a multirun job that ended without a result (failed, or refused as another run's folder): in this
+    process and, for jobs run in other processes (joblib's workers, SLURM's jobs), in :data:`NOT_DONE_FILE` of the
+    sweep folder. The sweep goes on; it ends with exit status 1 and one line per such job (:func:`exit_if_not_done`).
+    Not under ``hydra/sweeper=optuna``: a failed trial is the study's to count (its ``max_failure_rate``)."""
+    if HydraConfig.initialized() and "optuna" in str(OmegaConf.select(HydraConfig.get(), "sweeper._target_")):
+        return  # a failed trial of a study: the sweeper's max_failure_rate decides
+    line = f"{job_dir.name}: {why}"
+    _not_done.append(line)
+    if HydraConfig.initialized():
+        sweep = Path(str(HydraConfig.get().sweep.dir))
+        sweep.mkdir(parents=True, exist_ok=True)
+        with open(sweep / NOT_DONE_FILE, "a") as f:  # one short line per write: appends do not interleave
+            f.write(line + "\n")
+
+
+def not_done(sweep_dir: str | Path | None = None) -> list[str]:
+    """The jobs recorded by :func:`record_not_done` in this process and in ``sweep_dir``'s file, in order, once each."""
+    lines = list(_not_done)
+    if sweep_dir is not None and (path := Path(sweep_dir) / NOT_DONE_FILE).is_file():
+        lines += path.read_text().splitlines()
+    return list(dict.fromkeys(lines))
+
+
+def clear_not_done(sweep_dir: str | Path) -> None:
+    """Forget the jobs an earlier launch recorded (a new launch reports its own)."""
+    _not_done.clear()
+    (Path(sweep_dir) / NOT_DONE_FILE).unlink(missing_ok=True)
+
+
+def exit_if_not_done(sweep_dir: str | Path | None = None) -> None:
+    """After every job of a sweep returned: when any ended without a result, log one line per job and exit 1 (a
+    script or CI that runs a grid sees it failed; the rest of the grid's results are kept)."""
+    if lines := not_done(sweep_dir):
+        log.error("%d job(s) of the sweep ended without a result:\n  %s", len(lines), "\n  ".join(lines))
+        raise SystemExit(1)

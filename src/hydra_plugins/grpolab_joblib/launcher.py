@@ -97,10 +97,11 @@ class JoblibLauncher(_HydraJoblibLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         """Run the jobs; when any stopped on a signal (:class:`~grpolab.app.sweep_jobs.JobInterrupted`: a job raises it
         rather than exit, so its worker stays up while the others save), exit with its status once all returned."""
-        from grpolab.app.sweep_jobs import JobInterrupted
+        from grpolab.app.sweep_jobs import JobInterrupted, clear_not_done, exit_if_not_done
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         clear_stopped(sweep_dir)  # this launch runs every job it has
+        clear_not_done(sweep_dir)
         with jobs_save_first(functools.partial(mark_stopped, sweep_dir)), workers_record_signals():
             results = super().launch(job_overrides, initial_job_idx)
         codes = [r._return_value.code for r in results if isinstance(r._return_value, JobInterrupted)]
@@ -108,4 +109,5 @@ class JoblibLauncher(_HydraJoblibLauncher):
             log.warning("%d of %d jobs stopped on a signal (those that had started saved last.ckpt; the queued ones "
                         "did not start); rerun the same command to resume them", len(codes), len(results))
             sys.exit(max(codes))
+        exit_if_not_done(sweep_dir)  # a failed or refused job: exit 1 once every job has returned
         return results

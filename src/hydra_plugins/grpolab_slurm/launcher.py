@@ -35,9 +35,15 @@ class SlurmLauncher(_SubmititSlurmLauncher):
     def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:  # noqa: D102 (Hydra's Launcher.launch)
         from submitit.core.utils import FailedJobError, UncompletedJobError
 
+        from grpolab.app.sweep_jobs import clear_not_done, exit_if_not_done
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        clear_not_done(sweep_dir)
         try:
-            return super().launch(job_overrides, initial_job_idx)
+            results = super().launch(job_overrides, initial_job_idx)
         except (FailedJobError, UncompletedJobError, OSError) as ex:
             if wants_traceback():
                 raise
             fail(Path(sys.argv[0]).name or "train.py", f"hydra/launcher=slurm: {slurm_error_line(ex)}")
+        exit_if_not_done(sweep_dir)  # a job that failed or was refused: exit 1 once every job has returned
+        return results
