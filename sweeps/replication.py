@@ -444,15 +444,59 @@ def conclusions_block(tests: list[WarmStartTest], rerun_verdicts: dict) -> str:
     return "\n".join(out)
 
 
-def rerun_verdicts(results_dir: Path) -> dict:
-    """The rerun's registered readings (``sweeps/stale_rerun.py``), by (task, comparison)."""
+def readme_block(tests: list[WarmStartTest], rerun: list, missing_by_task: dict) -> str:
+    """Markdown for the README and the page's top: each comparison's claim at each unit, with its test, n, interval
+    and p: the rerun with the run as the unit (its registered test) and with the warm start as the unit (post hoc),
+    beside the replication (the warm start as the unit, as registered); then the recommendation, by the rerun's
+    rule (``stale_rerun.recommendation_table``) applied to the replication's readings, pending until both tasks'
+    rows are in."""
+    old = {(r.task, r.name): r for r in rerun}
+    new = {(t.task, t.name): t for t in tests}
+    out = ["| task | H | the rerun, the run as the unit (15 pairs, paired t, registered) | the rerun, the warm start as "
+           "the unit (3, t df 2, post hoc) | the replication, the warm start as the unit (12 fresh, t df 11, "
+           "registered) | reading cited |", "|---|---|---|---|---|---|"]
+    for task in TASKS:
+        for name, arm, base in COMPARISONS:
+            r = old.get((task, name))
+            then = (f"{r.paired.diff:+.3f} {stale_rerun._ci(r.paired)}, p {_p(r.paired.p)} (Holm {_p(r.holm_p)}): "
+                    f"{r.verdict}" if r else "-")
+            then_ws = (f"p {_p(r.p_warm_starts)}; {sum(d > 0 for d in r.per_start.values())} of {len(r.per_start)} "
+                       "warm starts > 0" if r else "-")
+            t = new.get((task, name))
+            if t is None:
+                now, reading = f"pending ({missing_by_task[task]} of 72 runs not in)", "pending"
+            else:
+                now = (f"{t.diff:+.3f} {_ci(t.ci95)}, p {_p(t.p)} (Holm {_p(t.holm_p)}); TOST p (Holm) "
+                       f"{_p(t.holm_tost_p)}; {t.positive} of {len(t.means)} warm starts > 0")
+                reading = "pending (Holm reads both tasks)" if t.verdict == "pending" else f"**{t.verdict}**"
+            out.append(f"| {task} | {name} `{arm}` - `{base}` | {then} | {then_ws} | {now} | {reading} |")
+    out.append("")
+    by = {k: t.verdict for k, t in new.items()}
+    if len({t for t, _ in by}) < len(TASKS) or "pending" in by.values():
+        out.append("The recommendation (the rerun's rule on the replication's readings) is pending until both tasks' "
+                   "replication rows are in; until then no stale-samples setting is recommended. ")
+    else:
+        out.append(stale_rerun.recommendation_table(by, "the replication") + "\n\n")
+    out[-1] += ("Test mean@16 on 1024 prompts; differences with their 95% interval (the rerun's: percentile "
+                "bootstrap over its 15 pairs; the replication's: t over the 12 warm-start means). Holm over both "
+                "tasks' comparisons (the rerun: the 6; the replication: H2's 2, and H1 and H3's 4). The reading "
+                "cited is the replication's, as registered; the rerun's stays as it was.")
+    return "\n".join(out)
+
+
+def rerun_results(results_dir: Path) -> list:
+    """The rerun's comparisons (``sweeps/stale_rerun.py``'s ``Result``: paired test, Holm, reading)."""
     values, missing = {}, {}
     for t in TASKS:
         path = results_dir / f"stale_headline_{t}.csv"
         values[t], missing[t] = stale_rerun.headline_values(stale_rerun.read_rows(path, stale_rerun.HEADLINE_KEY),
                                                             where=str(path))
-    return {(r.task, r.name): r.verdict for r in stale_rerun.compare_tasks({t: values[t] for t in TASKS
-                                                                             if not missing[t]})}
+    return stale_rerun.compare_tasks({t: values[t] for t in TASKS if not missing[t]})
+
+
+def rerun_verdicts(results_dir: Path) -> dict:
+    """The rerun's registered readings, by (task, comparison)."""
+    return {(r.task, r.name): r.verdict for r in rerun_results(results_dir)}
 
 
 def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
@@ -470,7 +514,8 @@ def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
     tests = analyse(complete)
     return {"edge": edge_block(cells, chosen, edge_missing), "results": results_block(values, missing, tests),
             "conclusions": conclusions_block(tests, rerun_verdicts(results_dir)),
-            "readouts": readouts_block(missing, readouts(complete, tests))}
+            "readouts": readouts_block(missing, readouts(complete, tests)),
+            "readme": readme_block(tests, rerun_results(results_dir), missing)}
 
 
 def main(argv: list[str] | None = None) -> int:

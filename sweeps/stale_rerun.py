@@ -323,6 +323,14 @@ def recommendation_block(results: list[Result]) -> str:
     by = {(r.task, r.name): r.verdict for r in results}
     if len({t for t, _ in by}) < len(TASKS):
         return "Pending: the recommendation reads both tasks' comparisons (after Holm over the family of 6)."
+    return recommendation_table(by, "the rerun") + "\n\n" + firmness_line([r for r in results
+                                                                             if r.name in ("H1", "H3")])
+
+
+def recommendation_table(by: dict[tuple[str, str], str], source: str) -> str:
+    """The recommendation rule (fixed before the rerun's stage 2 was read) applied to readings ``by[(task, H)]``
+    ("better", "worse", "on par", "inconclusive") of H1 and H3 on every task: a markdown table whose column says
+    whose readings (``source``) it follows. The replication applies the same rule to its own readings."""
 
     def on(name, verdict):
         return [t for t in TASKS if by[(t, name)] == verdict]
@@ -339,8 +347,8 @@ def recommendation_block(results: list[Result]) -> str:
     elif on("H1", "worse"):
         asynchronous = f"on-policy GRPO: `algo=grpo_async` trails it on {', '.join(on('H1', 'worse'))}"
     else:
-        asynchronous = (f"either: the rerun does not tell `algo=grpo_async` from on-policy GRPO on accuracy ({listing('H1')}); "
-                        "choose by throughput")
+        asynchronous = (f"either: {source} does not tell `algo=grpo_async` from on-policy GRPO on accuracy "
+                        f"({listing('H1')}); choose by throughput")
     if len(on("H3", "better")) == len(TASKS):
         window = ("`algo=grpo_onpolicy_prev_window`: the PPO window against the previous step's policy lifts on-policy "
                   "GRPO on both tasks (one extra forward per step)")
@@ -348,9 +356,8 @@ def recommendation_block(results: list[Result]) -> str:
         window = f"plain on-policy GRPO: the window costs accuracy on {', '.join(on('H3', 'worse'))}"
     else:
         window = f"plain on-policy GRPO: the window's effect is not established ({listing('H3')})"
-    table = ("| you want | use (the rerun's reading) |\n|---|---|\n"
-             f"| asynchronous generation (lag 1) | {asynchronous} |\n| on-policy training | {window} |")
-    return table + "\n\n" + firmness_line([r for r in results if r.name in ("H1", "H3")])
+    return (f"| you want | use ({source}'s reading) |\n|---|---|\n"
+            f"| asynchronous generation (lag 1) | {asynchronous} |\n| on-policy training | {window} |")
 
 
 def firmness_line(results: list[Result]) -> str:
@@ -363,25 +370,6 @@ def firmness_line(results: list[Result]) -> str:
     return ("How firm (not pre-registered): with the warm start as the unit (t over the 3 warm-start means, df 2): "
             + "; ".join(parts) + ". The 15 runs per arm come from 3 warm starts: more warm starts, not more seeds, "
             "would firm this up.")
-
-
-def readme_block(results: list[Result]) -> str:
-    """The README's claims: each comparison with its test, interval and run count."""
-    if not results:
-        return ("The pre-registered rerun (3 warm starts x 5 seeds per arm, lrs tuned on validation) is pending; "
-                "no stale-samples result is claimed until it is in.")
-    lines = []
-    for r in results:
-        lines.append(f"- {r.task}, {r.name} (`{r.arm}` - `{r.base}`): {r.paired.diff:+.3f} +- {r.paired.se:.3f} "
-                     f"test mean@16 (paired SE, 15 pairs: 3 warm starts x 5 seeds), {r.paired.ci_label} "
-                     f"{_ci(r.paired)}, paired t p = {_p(r.paired.p)}, Holm p = "
-                     f"{_p(r.holm_p)}, TOST (+-0.02) p = {_p(r.paired.tost_p)}: **{r.verdict}**; with the warm start as the "
-                     f"unit (t over the 3 warm-start means, df 2, not pre-registered) p = {_p(r.p_warm_starts)}.")
-    if any(r.holm_p is None for r in results):
-        done = sorted({r.task for r in results})
-        lines.append(f"- The readings wait for the other task: Holm's correction is over both tasks' 6 tests "
-                     f"(in: {', '.join(done)}).")
-    return "\n".join(lines)
 
 
 def first100_block(curves_by_task: dict) -> str:
@@ -479,8 +467,7 @@ def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
     curves = {t: read_curves(results_dir / f"stale_headline_{t}_curves.csv") for t in TASKS}
     return {"stage1": stage1_block(tables), "headline": headline_block(values, missing, results),
             "conclusions": conclusions_block(results), "recommendation": recommendation_block(results),
-            "first100": first100_block(curves),
-            "readme": readme_block(results)}
+            "first100": first100_block(curves)}
 
 
 def main(argv: list[str] | None = None) -> int:

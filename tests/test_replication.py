@@ -171,6 +171,16 @@ def test_the_analysis_with_the_warm_start_as_the_unit_by_hand(tmp_path):
     assert "| default | H2 | better | better | replicates |" in text
     assert "| multistep | H2 | on par | on par | replicates |" in text
     assert "| multistep | H1 | better | on par | does not replicate |" in text
+    # the README's claims: each comparison at each unit, the replication's reading cited, and the rerun's
+    # recommendation rule applied to the replication's readings (H1 better on default, on par on multistep)
+    text = blocks["readme"]
+    assert (f"| default | H2 `onpolicy_prev_window` - `grpo_async` | +0.019 [+0.011, +0.028], p 0.001 (Holm 0.006): "
+            f"better | p 0.121; 3 of 3 warm starts > 0 | {h2.diff:+.3f} [{h2.ci95[0]:+.3f}, {h2.ci95[1]:+.3f}], p "
+            f"{rep._p(h2.p)} (Holm {rep._p(h2.holm_p)}); TOST p (Holm) {rep._p(h2.holm_tost_p)}; 12 of 12 warm starts "
+            "> 0 | **better** |") in text
+    assert "| multistep | H1 `grpo_async` - `onpolicy` |" in text and text.count("| **on par** |") == 3  # multistep H1, H2, H3
+    assert ("| asynchronous generation (lag 1) | `algo=grpo_async`: at or above on-policy GRPO (default better, "
+            "multistep on par) |") in text and "use (the replication's reading)" in text
 
 
 def test_the_blocks_are_pending_until_every_row_is_in_and_the_page_markers_read_the_rows(tmp_path):
@@ -181,6 +191,8 @@ def test_the_blocks_are_pending_until_every_row_is_in_and_the_page_markers_read_
     assert "**multistep**: pending, 72 of the 72 runs not in" in blocks["results"]
     assert "Holm" in blocks["results"] and "| H2 |" not in blocks["results"]
     assert "**default**: pending" in blocks["readouts"] and blocks["conclusions"].startswith("Pending")
+    assert "| pending (2 of 72 runs not in) | pending |" in blocks["readme"]
+    assert "recommendation (the rerun's rule on the replication's readings) is pending" in blocks["readme"]
     # one task in: its table, the readings pending (Holm spans both tasks)
     (results / "replication_default.csv").unlink()
     _write(results / "replication_default.csv", rows)
