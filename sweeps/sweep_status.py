@@ -174,6 +174,7 @@ def append_results(jobs: list[dict], first_key: str | None, out: Path, factors: 
                **{c: summary.get(c) for c in COLUMNS if c != "arm"}, **scores,
                # a run without the drift rule logs no count: it made no drift refresh (0, as its rows always said)
                "drift_refreshes": summary.get("drift_refreshes", 0),
+               **({"ess_refreshes": summary["ess_refreshes"]} if "ess_refreshes" in summary else {}),
                ENTROPY_END: RunFolder(job["dir"]).train_tail_mean("train/entropy", ENTROPY_STEPS)}
         found.setdefault(row_key(row, names), []).append((f"job {job['dir']}", row))
     refused, added = [], 0
