@@ -1,6 +1,6 @@
 """A grid that meets every day's events and keeps every result once: the run owner's acceptance check.
 
-    python scripts/grid_survival.py [--keep <folder>]      # about 3 minutes on 2 CPU cores; exit 0 = every check held
+    python scripts/grid_survival.py [--keep <folder>] [--no-slurm]   # 3-5 minutes on 2 CPU cores; exit 0 = all held
 
 Through the real joblib launcher (``hydra/launcher=joblib``, two jobs at once, the tiny fast model, 60 steps, a
 validation and ``last.ckpt`` every 20), one sweep folder:
@@ -12,14 +12,17 @@ validation and ``last.ckpt`` every 20), one sweep folder:
    step-20 checkpoint (its rerun's pool breaks, so that rerun's other job dies too);
 3. the same command again: every job ends finished (the killed ones resume from ``last.ckpt``);
 4. the grid **extended by a seed** (``seed=0,1,2``, 6 jobs, renumbered): the 4 finished jobs are not trained again,
-   the 2 new ones are.
+   the 2 new ones are;
+5. when a SLURM cluster answers (``scripts/slurm_local.sh start``; ``--no-slurm`` skips it): the grid extended by
+   another seed **through** ``hydra/launcher=slurm`` (8 jobs, every one a SLURM job; the 6 finished ones end at
+   once); one new job gets SLURM's **SIGUSR2 (a requeue)** after its step-20 checkpoint, requeues itself and resumes
+   in its folder, and the sweep command ends 0.
 
-Then: 6 job folders, each finished with every train step 0..59 in ``metrics.csv`` exactly once and every
-validation; the killed job's rows and weights equal an uninterrupted run of its settings, bit for bit; the results
-export (``sweeps/sweep_status.py --csv``) run twice holds 6 rows, each job once. A SLURM requeue is the same resume
-in place (``RunFolder.resume_in_place``) and is checked on a real cluster in ``tests/slurm/test_slurm_requeue.py``.
-Each defect this covers has its own test in ``tests/`` too (docs/architecture.md, "Who decides what about a run
-folder"); this script is the scenario end to end, kept out of the suite for its 3 minutes.
+Then: every job folder (6, or 8 with SLURM) finished with every train step 0..59 in ``metrics.csv`` exactly once
+and every validation; the killed job's rows and weights equal an uninterrupted run of its settings, bit for bit (and
+the requeued job's, with SLURM); the results export (``sweeps/sweep_status.py --csv``) run twice holds one row per
+job. Each defect this covers has its own test in ``tests/`` too (docs/architecture.md, "Who decides what about a run
+folder"); this script is the scenario end to end, kept out of the suite for its minutes.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def worker_running(job: Path) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return int(os.pread(fd, 64, 0).decode().split()[0])
+        pid = os.pread(fd, 64, 0).decode().split()
+        return int(pid[0]) if pid else None  # locked, its pid not written yet: read again at the next poll
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
@@ -107,13 +111,72 @@ def worker_running(job: Path) -> int | None:
         os.close(fd)
 
 
+def slurm_problem() -> str | None:
+    """None when a SLURM node takes jobs (``sinfo``), else why not."""
+    try:
+        res = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"no SLURM cluster ({err})"
+    if res.returncode != 0 or not any(t.rstrip("*~#") in ("idle", "mix", "alloc") for t in res.stdout.split()):
+        return "no SLURM node takes jobs (scripts/slurm_local.sh start)"
+    return None
+
+
+def requeue_one_slurm_job(sweep: Path, jobs) -> Path:
+    """Step 5: ``seed=0,1,2,3`` through ``hydra/launcher=slurm``; SIGUSR2 (what submitit asks SLURM to send before
+    the time limit) to a new job after its checkpoint; release its requeue's BeginTime hold; the sweep ends 0 with
+    8 finished jobs. Returns the requeued job's folder."""
+    name = f"grid_survival_{os.getpid()}"
+    cmd = train("-m", "algo.learning_rate=1e-4,2e-4", "seed=0,1,2,3", "hydra/launcher=slurm",
+                f"hydra.launcher.name={name}", f"hydra.sweep.dir={sweep}")
+    before = {j.name for j in jobs()}
+    proc = start(cmd)
+    target = None
+
+    def a_new_job_past_its_checkpoint() -> bool:
+        nonlocal target
+        target = next((j for j in jobs() if j.name not in before and "seed-3" in j.name and
+                       VAL <= checkpointed(j) < STEPS), None)
+        return target is not None
+
+    wait("a SLURM job past its checkpoint", a_new_job_past_its_checkpoint, proc)
+    array = subprocess.run(["squeue", "-h", "-n", name, "-o", "%F"], capture_output=True, text=True,
+                           timeout=30).stdout.split()[0]
+    job = f"{array}_{int(target.name.split('_', 1)[0])}"  # the array index is the job's number (one launch)
+    try:  # on a busy node scancel has taken 30 s, and once said "Job can not be altered now" for a signal that
+        # arrived (the job requeued itself meanwhile): the job's restart count below is what tells
+        subprocess.run(["scancel", "--signal=USR2", job], capture_output=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline, restarts = time.monotonic() + 600, set()
+    while proc.poll() is None and time.monotonic() < deadline:  # a requeued job pends on SLURM's BeginTime hold
+        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                              timeout=30).stdout
+        restarts |= {kv.split("=", 1)[1] for kv in info.split() if kv.startswith("Restarts=")}
+        if "JobState=PENDING" in info and "Reason=BeginTime" in info:
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=30)
+        time.sleep(0.5)
+    out = proc.communicate(timeout=60)[0]
+    check(restarts - {"0"} != set(), f"SLURM requeued {job} (restart counts seen: {sorted(restarts)})", out)
+    log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
+    states = [RunFolder(j).state() for j in jobs()]
+    check(proc.returncode == 0 and states == ["finished"] * 8 and "SIGUSR2: SLURM job" in log,
+          f"through SLURM, one job requeued by SIGUSR2 ({job}): exit {proc.returncode}, {len(states)} folders "
+          f"{set(states)}", out + log[-3000:])
+    check(f"sweep job {target.name} was interrupted at step" in log or "resuming from" in log,
+          f"the requeued job {target.name[:40]} resumed in its folder", log[-3000:])
+    return target
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one, removed)")
+    p.add_argument("--no-slurm", action="store_true", help="skip step 5 (the requeue) even when a cluster answers")
     args = p.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="grid_survival_"))
     sweep = root / "sweep"
-    jobs = lambda: sorted(d for d in sweep.iterdir() if d.is_dir()) if sweep.exists() else []  # noqa: E731
+    jobs = lambda: sorted(d for d in sweep.iterdir()  # noqa: E731 (.submitit: SLURM's scripts and logs)
+                          if d.is_dir() and not d.name.startswith(".")) if sweep.exists() else []
 
     # 1. Ctrl-C while two jobs train
     first = start(grid(sweep, "0,1"))
@@ -166,6 +229,14 @@ def main() -> None:
     weights = sorted((j / "policy" / "model.safetensors").read_bytes() for j in jobs())
     check(all(w in weights for w in before), "the 4 first jobs' weights are untouched after the extension")
 
+    # 5. through SLURM, extended by another seed; one new job requeued by SIGUSR2 after its checkpoint
+    requeued = None
+    if args.no_slurm or slurm_problem():
+        print(f"        step 5 (a SLURM requeue) skipped: {'--no-slurm' if args.no_slurm else slurm_problem()}")
+    else:
+        requeued = requeue_one_slurm_job(sweep, jobs)
+    n_jobs = 8 if requeued else 6
+
     # every job: every step once, every validation
     for j in jobs():
         with (j / "metrics.csv").open(newline="") as fh:
@@ -191,6 +262,16 @@ def main() -> None:
     check(losses(killed) == losses(ref), "the killed job's losses equal the uninterrupted run's, step for step")
     check((killed / "policy" / "model.safetensors").read_bytes() == (ref / "policy" / "model.safetensors").read_bytes(),
           "the killed job's weights equal the uninterrupted run's, bit for bit")
+    if requeued:  # the same settings run uninterrupted on this machine (SLURM ran it here too)
+        overrides = [o.strip("- '\"") for o in (requeued / ".hydra" / "overrides.yaml").read_text().splitlines()]
+        overrides = [o for o in overrides if "=" in o and not o.startswith("hydra")]
+        ref = root / "reference_requeued"
+        done = subprocess.run(train(*overrides, f"hydra.run.dir={ref}"), cwd=REPO, env=ENV, capture_output=True,
+                              text=True, timeout=300)
+        check(done.returncode == 0 and losses(requeued) == losses(ref) and
+              (requeued / "policy" / "model.safetensors").read_bytes() ==
+              (ref / "policy" / "model.safetensors").read_bytes(),
+              "the requeued job's losses and weights equal the uninterrupted run's", done.stderr)
 
     # the results export, twice: 6 rows, each job once
     rows_csv = root / "rows.csv"
@@ -201,7 +282,8 @@ def main() -> None:
     with rows_csv.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     keys = {(r["arm"], r["seed"]) for r in rows}  # the arm: every override but the seed
-    check(len(rows) == 6 and len(keys) == 6, f"the results export run twice: {len(rows)} rows, {len(keys)} distinct jobs")
+    check(len(rows) == n_jobs and len(keys) == n_jobs,
+          f"the results export run twice: {len(rows)} rows, {len(keys)} distinct jobs (of {n_jobs})")
     print(f"every check held ({root})")
 
 
