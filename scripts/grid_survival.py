@@ -140,22 +140,26 @@ def requeue_one_slurm_job(sweep: Path, jobs) -> Path:
         return target is not None
 
     wait("a SLURM job past its checkpoint", a_new_job_past_its_checkpoint, proc)
-    array = subprocess.run(["squeue", "-h", "-n", name, "-o", "%F"], capture_output=True, text=True,
-                           timeout=30).stdout.split()[0]
-    job = f"{array}_{int(target.name.split('_', 1)[0])}"  # the array index is the job's number (one launch)
-    try:  # on a busy node scancel has taken 30 s, and once said "Job can not be altered now" for a signal that
-        # arrived (the job requeued itself meanwhile): the job's restart count below is what tells
-        subprocess.run(["scancel", "--signal=USR2", job], capture_output=True, timeout=180)
-    except subprocess.TimeoutExpired:
-        pass
+    num = target.name.split("_", 1)[0]  # the array index is the job's number (one launch)
+    tasks = subprocess.run(["squeue", "-h", "-n", name, "-o", "%A %K"], capture_output=True, text=True,
+                           timeout=30).stdout.split("\n")
+    job = next(t.split()[0] for t in tasks if t.split()[1:] == [num])
+    # scancel is not waited for: here slurmctld delivered the signal and still answered "Job can not be altered now,
+    # try again later" (its answer for a pending job), and scancel kept sending it again, up to 80 s, while the job
+    # sat requeued; it is stopped once the job has requeued, before its BeginTime hold is released
+    sender = subprocess.Popen(["scancel", "--signal=USR2", job], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline, restarts = time.monotonic() + 600, set()
     while proc.poll() is None and time.monotonic() < deadline:  # a requeued job pends on SLURM's BeginTime hold
         info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
                               timeout=30).stdout
         restarts |= {kv.split("=", 1)[1] for kv in info.split() if kv.startswith("Restarts=")}
-        if "JobState=PENDING" in info and "Reason=BeginTime" in info:
+        if restarts - {"0"} and sender.poll() is None:
+            sender.kill()
+        if "JobState=PENDING" in info and "Reason=BeginTime" in info and sender.poll() is not None:
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=30)
         time.sleep(0.5)
+    if sender.poll() is None:
+        sender.kill()
     out = proc.communicate(timeout=60)[0]
     check(restarts - {"0"} != set(), f"SLURM requeued {job} (restart counts seen: {sorted(restarts)})", out)
     log = "".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.*"))
