@@ -134,7 +134,11 @@ def read_results_csv(path: Path) -> list[Job]:
                              f"needs 'arm' and 'seed' (its columns: {', '.join(k for k in row if k)})")
         summary = {k: _number(v) for k, v in row.items() if k != "arm"}
         dotted = {k: v for k, v in row.items() if k and "." in k and v not in (None, "")}
-        jobs.append(Job(source=f"{path}:{i}", overrides={"arm": row["arm"], **dotted, "seed": row["seed"]},
+        parts = row["arm"].split(",")
+        # sweep_status.py's arm of a grid it was not told: every override but the seed (algo=a,trainer.max_steps=40):
+        # its overrides, so the arms are named by those that vary, as the sweep folder's report names them
+        arm = dict(q.split("=", 1) for q in parts) if all("=" in q for q in parts) else {"arm": row["arm"]}
+        jobs.append(Job(source=f"{path}:{i}", overrides={**arm, **dotted, "seed": row["seed"]},
                         summary=summary, test_split=""))
     return jobs
 

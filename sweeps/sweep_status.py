@@ -50,7 +50,7 @@ from grpolab.report.result_rows import cell, describe, duplicates, row_key  # no
 from grpolab.run_files import write_csv  # noqa: E402
 
 COLUMNS = ("arm", "seed", "steps", "test_mean_at_16", "test_mean_at_16_se", "val_accuracy_start", "clip_mode",
-           "async_generation", "drift_refreshes", "time_total_s", "learning_rate")
+           "async_generation", "drift_refreshes", "time_total_s", "learning_rate", "val_accuracy_end")
 # the final eval's scores a job's summary.json holds: mean@n and its SE, greedy accuracy, pass@k
 SCORE = re.compile(r"(test|val)_(mean_at_\d+(_se)?|greedy_accuracy|pass_at_\d+)")
 ENTROPY_END, ENTROPY_STEPS = "train_entropy_end", 10  # the final entropy: metrics.csv's train/entropy, last steps
@@ -116,6 +116,28 @@ def rerun_command(multirun: Path) -> str:
 
 def _matches(point: dict[str, str], overrides: dict[str, str]) -> bool:
     return all(overrides.get(k) == v for k, v in point.items())
+
+
+def unnamed_keys() -> set[str]:
+    """The override keys job folder names leave out (``conf/hydra/default.yaml``'s ``exclude_keys``:
+    ``model.path``, ``data.path``, ...): two settings that differ only there share a folder name."""
+    hydra = yaml.safe_load((SWEEPS.parent / "conf" / "hydra" / "default.yaml").read_text())
+    return set(hydra["job"]["config"]["override_dirname"]["exclude_keys"])
+
+
+def held_by_other_settings(point: dict[str, str], jobs: list[dict]) -> tuple[dict, str] | None:
+    """A grid point no folder holds whose folder name a job folder has, trained with other values of keys names
+    leave out (a rerun with another ``model.path``): (that job, ``key=there (asked: value)`` ...); else None. A
+    rerun of such a point is refused (``job not started``); it runs in a new ``hydra.sweep.dir``."""
+    unnamed = unnamed_keys()
+    named = {k: v for k, v in point.items() if k not in unnamed}
+    for job in jobs:
+        if {k: v for k, v in job["overrides"].items() if k not in unnamed} == named:  # the same folder name
+            keys = sorted(k for k in (set(point) | set(job["overrides"])) & unnamed
+                          if job["overrides"].get(k) != point.get(k))
+            return job, ", ".join(f"{k}={job['overrides'].get(k, '(default)')} there, "
+                                  f"{point.get(k, '(default)')} asked" for k in keys)
+    return None
 
 
 def swept_keys(jobs: list[dict[str, str]]) -> list[str]:
@@ -246,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             params = [f"{k}={v}" for k, v in (hydra.get("sweeper", {}).get("params") or {}).items()]
             points += expand([*params, *hydra["overrides"]["task"]])
     missing = [p for p in points if not any(_matches(p, j["overrides"]) for j in jobs)]
+    held = [(p, h) for p in missing if (h := held_by_other_settings(p, jobs))]
+    missing = [p for p in missing if not any(p is q for q, _ in held)]
     shown = list(grid) or swept_keys([j["overrides"] for j in jobs] + missing)
     for job in jobs:
         values = {k: job["overrides"].get(k, "") for k in shown}
@@ -254,8 +278,15 @@ def main(argv: list[str] | None = None) -> int:
               f"({job['dir'].relative_to(args.sweep)})")
     for point in missing:
         print(f"{'not started':<17} step {'-':>5}  " + " ".join(f"{k}={point.get(k, '')}" for k in shown))
+    for point, (job, keys) in held:
+        print(f"{'refused':<17} step {'-':>5}  " + " ".join(f"{k}={point.get(k, '')}" for k in shown)
+              + f"  (its folder {job['dir'].relative_to(args.sweep)} holds a run with other settings: {keys})")
     counts = Counter(j["state"] for j in jobs) + Counter({"not started": len(missing)})
-    print(", ".join(f"{counts[s]} {s}" for s in STATES if counts[s]) or "no jobs")
+    print(", ".join([f"{counts[s]} {s}" for s in STATES if counts[s]] + [f"{len(held)} refused"] * bool(held))
+          or "no jobs")
+    if held:
+        print("a refused point is not run by a rerun into this folder (its folder holds a run with other settings, "
+              "kept as it is): run those settings with a new hydra.sweep.dir")
     if any(j["state"] != "finished" for j in jobs) or missing:
         print("to finish, rerun into the same folder (finished jobs are skipped, interrupted ones resume):")
         for multirun in multiruns:

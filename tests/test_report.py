@@ -188,6 +188,17 @@ def test_real_tiny_multirun(tiny_sweep, tmp_path):
                                                             ("arm=k2", "1")]
     assert [r["step"] for r in rows[:3]] == ["0", "2", "4"] and rows[2]["train_reward"] != ""
     assert (tmp_path / "report" / "curves.png").stat().st_size > 10_000
+    # the same jobs exported without naming the grid (every override but the seed in the arm column), then
+    # reported from the CSV: the same arms, numbers and baseline as the folder's report (a new user's --vs failed)
+    rows = tmp_path / "rows.csv"
+    export = subprocess.run([sys.executable, "sweeps/sweep_status.py", str(sweep), "--csv", str(rows)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0 and "4 rows added" in export.stdout, export.stdout + export.stderr
+    from_csv = subprocess.run([sys.executable, "sweeps/report.py", str(rows), "--vs", "k1", "--margin", "0.05",
+                               "--out", str(tmp_path / "report_csv")], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=300)
+    assert from_csv.returncode == 0, from_csv.stderr[-3000:]
+    assert from_csv.stdout.splitlines()[:4] == lines[:4]
 
 
 @pytest.mark.slow

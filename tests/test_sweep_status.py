@@ -151,3 +151,22 @@ def test_a_row_holds_the_lr_greedy_accuracy_pass_at_k_and_final_entropy_and_olde
     res = _export(sweep, legacy)
     assert res.returncode == 0 and f"0 rows added to {legacy}" in res.stdout, res.stdout
     assert legacy.read_bytes() == before
+
+
+def test_a_rerun_refused_for_other_settings_reads_as_refused_not_as_jobs_to_run(tmp_path):
+    """A rerun with another model.path (a key folder names leave out) is refused job by job, but Hydra has rewritten
+    the sweep's multirun.yaml: its points read "refused", naming the folder and the keys, with no rerun line that
+    would be refused again (a new user followed it in a loop)."""
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0_onpolicy_0", "onpolicy", 0, _finished(0, 0.5))
+    hydra = {"hydra": {"overrides": {"task": ["correction_arm=onpolicy", "seed=0", "model.path=/w/policy"],
+                                     "hydra": []}, "sweeper": {"params": None}, "job": {"config_name": "train"},
+                       "runtime": {"config_sources": []}}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(hydra))
+    res = subprocess.run([sys.executable, "sweeps/sweep_status.py", str(sweep)], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=120)
+    out = " ".join(res.stdout.split())
+    assert res.returncode == 0 and "1 finished, 1 refused" in out, res.stdout + res.stderr
+    assert ("(its folder 0_onpolicy_0 holds a run with other settings: model.path=(default) there, /w/policy asked)"
+            in out) and "run those settings with a new hydra.sweep.dir" in out
+    assert "not started" not in out and "to finish, rerun" not in out
