@@ -452,16 +452,17 @@ def readme_block(tests: list[WarmStartTest], rerun: list, missing_by_task: dict)
     rows are in."""
     old = {(r.task, r.name): r for r in rerun}
     new = {(t.task, t.name): t for t in tests}
-    out = ["| task | H | the rerun, the run as the unit (15 pairs, paired t, registered) | the rerun, the warm start as "
-           "the unit (3, t df 2, post hoc) | the replication, the warm start as the unit (12 fresh, t df 11, "
-           "registered) | reading cited |", "|---|---|---|---|---|---|"]
+    out = ["| task | H | the rerun, the run as the unit (15 pairs; bootstrap interval, paired t, registered) | the rerun, "
+           "the warm start as the unit (3 means; t interval and p, df 2, post hoc) | the replication, the warm start "
+           "as the unit (12 fresh; t interval and p, df 11, registered) | reading cited |", "|---|---|---|---|---|---|"]
     for task in TASKS:
         for name, arm, base in COMPARISONS:
             r = old.get((task, name))
-            then = (f"{r.paired.diff:+.3f} {stale_rerun._ci(r.paired)}, p {_p(r.paired.p)} (Holm {_p(r.holm_p)}): "
-                    f"{r.verdict}" if r else "-")
-            then_ws = (f"p {_p(r.p_warm_starts)}; {sum(d > 0 for d in r.per_start.values())} of {len(r.per_start)} "
-                       "warm starts > 0" if r else "-")
+            then = (f"{r.paired.diff:+.3f} {stale_rerun._ci(r.paired)}, p {_p(r.paired.p)} (Holm {_p(r.holm_p)}), "
+                    f"TOST p {_p(r.paired.tost_p)}: {r.verdict}" if r else "-")
+            means = list(r.per_start.values()) if r else []
+            then_ws = (f"{stats.mean_se(means)[0]:+.3f} {_ci(stats.t_interval(means, 0.95))}, p {_p(r.p_warm_starts)}; "
+                       f"{sum(d > 0 for d in means)} of {len(means)} warm starts > 0" if r else "-")
             t = new.get((task, name))
             if t is None:
                 now, reading = f"pending ({missing_by_task[task]} of 72 runs not in)", "pending"
@@ -477,10 +478,12 @@ def readme_block(tests: list[WarmStartTest], rerun: list, missing_by_task: dict)
                    "replication rows are in; until then no stale-samples setting is recommended. ")
     else:
         out.append(stale_rerun.recommendation_table(by, "the replication") + "\n\n")
-    out[-1] += ("Test mean@16 on 1024 prompts; differences with their 95% interval (the rerun's: percentile "
-                "bootstrap over its 15 pairs; the replication's: t over the 12 warm-start means). Holm over both "
-                "tasks' comparisons (the rerun: the 6; the replication: H2's 2, and H1 and H3's 4). The reading "
-                "cited is the replication's, as registered; the rerun's stays as it was.")
+    out[-1] += ("Test mean@16 on 1024 prompts; each difference with its 95% interval and two-sided p. The rerun's "
+                "reading (its registered rule): on par = TOST p < 0.05 at +-0.02, uncorrected, read first; else "
+                "better/worse = Holm p < 0.05 over its 6 tests. The replication's: on par = Holm-adjusted TOST p < "
+                "0.05, read first (a difference can be both significant and inside the margin: it reads on par); "
+                "else better/worse = Holm-adjusted p < 0.05 (families: H2 on both tasks; H1 and H3 on both tasks). "
+                "The reading cited is the replication's, as registered; the rerun's stays as it was.")
     return "\n".join(out)
 
 
