@@ -73,8 +73,33 @@ def test_thread_watchdog_cuts_a_slow_math_verify_comparison():
     assert time.perf_counter() - start < 8.0
     assert out.rewards == [None, 1.0]
     assert out.num_timeouts == 1
-    # the cut lands at sympy's next bytecode (0.1 s here, under load 3.6); left running it would take ~20 s more
-    assert _wait_no_reward_threads(before, 10.0)
+    # the cut lands at sympy's next bytecode; left running the comparison takes ~20 s of CPU more. Judged by the CPU
+    # this process spends until the thread ends, not by the wall clock: under load (4.6 on 2 cores, the suite beside
+    # a training grid) the thread got too little CPU to reach its next bytecode within 10 s of wall time once
+    ended, spent = _cpu_until_the_new_threads_end(before, 120.0)
+    assert ended and spent < 5.0, f"the abandoned comparison ran on: {spent:.1f} CPU s after the cut (ended: {ended})"
+
+
+def _cpu_until_the_new_threads_end(before: frozenset[threading.Thread], limit_s: float) -> tuple[bool, float]:
+    """Wait (at most ``limit_s`` of wall time) until the scoring threads started after ``before`` end; return whether
+    they did and the most CPU seconds one of them spent from now until its last reading (its own CPU clock, so a
+    thread another test left running is not counted)."""
+    clocks = {t: time.pthread_getcpuclockid(t.ident) for t in _reward_threads_alive(before)}
+    first, last = {}, {}
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for t, clock in clocks.items():
+            if t.is_alive():
+                try:
+                    last[t] = time.clock_gettime(clock)
+                except OSError:  # ended between the check and the read
+                    continue
+                first.setdefault(t, last[t])
+        if not _reward_threads_alive(before):
+            break
+        time.sleep(0.05)
+    spent = max((last[t] - first[t] for t in last), default=0.0)
+    return not _reward_threads_alive(before), spent
 
 
 # The first calls of a fresh process that has just built (or, like a reward worker, unpickled) a MathVerifier:
