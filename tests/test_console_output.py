@@ -21,7 +21,7 @@ def test_a_run_prints_lightnings_lines_once_and_ends_with_one_human_line(tmp_pat
     assert text.count("Seed set to 0") == 1  # Lightning's console handler and Hydra's root handler: once
     assert "summary: {" not in text  # the JSON is in summary.json, not on the console
     last = [line for line in proc.stdout.splitlines() if "[grpolab][INFO]" in line][-1]
-    assert "done: 4 steps in " in last
+    assert "done: 4 steps in " in last and " s of it training; the rest builds" in last  # a warm start's wait is not training
     assert "held-out accuracy " in last and " -> " in last
     assert f"policy: {out / 'policy'}" in last and f"summary: {out / 'summary.json'}" in last
     assert "Seed set to 0" in (out / "train.log").read_text()  # the file log still has Lightning's lines

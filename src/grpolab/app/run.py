@@ -208,7 +208,8 @@ def closing_line(summary: dict, out: Path, saved_policy: bool) -> str:
 
     head = (f"stopped by {summary['signal']} after {summary['steps']} steps" if summary.get("interrupted")
             else f"done: {summary['steps']} steps")
-    parts = [f"{head} in {summary.get('time_total_s', 0):.0f} s",
+    parts = [f"{head} in {summary.get('time_total_s', 0):.0f} s ({summary.get('time_train_s', 0):.0f} s of it "
+             "training; the rest builds the models, or a warm start, and validates)",
              f"held-out accuracy {acc('val_accuracy_start')} -> {acc('val_accuracy_end')}"]
     parts += [f"{k} {summary[k]:.3f}" for k in summary if k.endswith("_mean_at_16") and summary[k] is not None]
     if saved_policy:
