@@ -444,7 +444,59 @@ def conclusions_block(tests: list[WarmStartTest], rerun_verdicts: dict) -> str:
     return "\n".join(out)
 
 
-def readme_block(tests: list[WarmStartTest], rerun: list, missing_by_task: dict) -> str:
+def achieved_power(values_by_task: dict, missing_by_task: dict, results_dir: Path) -> dict:
+    """Per complete task and comparison: the variance components of the replication's paired differences and the
+    power of the registered tests they give, beside those the rerun's components gave: ``{"now": Components,
+    "se": SE of the mean, "t": [achieved, achieved upper, planned, planned upper], "tost": [...]}``; t power for a
+    true difference of +-``MARGIN``, TOST power for a true difference of 0, each at Holm's first step."""
+    import replication_power as rp
+
+    seeds, starts = len(SEEDS), len(WARM_STARTS["default"])
+    out = {}
+    for task in (t for t in TASKS if not missing_by_task[t]):
+        headline = stale_rerun.read_rows(results_dir / f"stale_headline_{task}.csv", stale_rerun.HEADLINE_KEY)
+        values = values_by_task[task][METRIC]
+        for name, arm, base in COMPARISONS:
+            now = rp.components([[values[arm][(w, s)] - values[base][(w, s)] for s in SEEDS]
+                                 for w in WARM_STARTS[task]])
+            then = rp.components(rp.differences(headline, arm, base, stale_rerun.WARM_STARTS, stale_rerun.SEEDS))
+            alpha = ALPHA / family_sizes()[name]
+            variances = [c.mean_variance(seeds, upper) for c in (now, then) for upper in (False, True)]
+            out[(task, name)] = {"now": now, "se": math.sqrt(variances[0] / starts),
+                                 "t": [rp.power_t(MARGIN, v, starts, alpha) for v in variances],
+                                 "tost": [rp.power_tost(0.0, v, starts, MARGIN, alpha) for v in variances]}
+    return out
+
+
+def power_block(power: dict, missing_by_task: dict) -> str:
+    """Markdown of :func:`achieved_power`: the power the registered design had, from the replication's own
+    variance components (not from its observed differences), beside the power planned from the rerun's."""
+    import replication_power as rp
+
+    out = ["| task | H | SD warm start (95% upper) | SD seed (95% upper) | SE of the mean | t power at "
+           f"+-{MARGIN:g}: achieved (upper) | planned (upper) | TOST power at 0: achieved (upper) | planned (upper) |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for task in TASKS:
+        if missing_by_task[task]:
+            out.append(f"| {task} | pending: {missing_by_task[task]} of the 72 runs not in | | | | | | | |")
+            continue
+        for name, _, _ in COMPARISONS:
+            r = power[(task, name)]
+            c = r["now"]
+            cells = [f"{r[k][i]:.2f} ({r[k][i + 1]:.2f})" for k in ("t", "tost") for i in (0, 2)]
+            out.append(f"| {task} | {name} | {rp._sd(c.var_ws)} ({rp._sd(c.var_ws_upper)}) | "
+                       f"{rp._sd(c.var_seed)} ({rp._sd(c.var_seed_upper)}) | {r['se']:.4f} | " + " | ".join(cells)
+                       + " |")
+    out.append("\nAchieved: from this replication's paired differences (the one-way random-effects ANOVA of "
+               "`sweeps/replication_power.py`, 12 warm starts x 2 seeds); planned: from the rerun's, as the "
+               "pre-registration printed them. Power of the registered two-sided t over the 12 warm-start means at "
+               "alpha / (Holm family size) for a true difference of the margin, and of TOST (on par within the "
+               "margin) for a true difference of 0; in brackets with both variance components at their one-sided 95% "
+               "upper bounds. A power computed from the observed difference is not given: it adds nothing to p.")
+    return "\n".join(out)
+
+
+def readme_block(tests: list[WarmStartTest], rerun: list, missing_by_task: dict, power: dict) -> str:
     """Markdown for the README and the page's top: each comparison's claim at each unit, with its test, n, interval
     and p: the rerun with the run as the unit (its registered test) and with the warm start as the unit (post hoc),
     beside the replication (the warm start as the unit, as registered); then the recommendation, by the rerun's
@@ -483,7 +535,11 @@ def readme_block(tests: list[WarmStartTest], rerun: list, missing_by_task: dict)
                 "better/worse = Holm p < 0.05 over its 6 tests. The replication's: on par = Holm-adjusted TOST p < "
                 "0.05, read first (a difference can be both significant and inside the margin: it reads on par); "
                 "else better/worse = Holm-adjusted p < 0.05 (families: H2 on both tasks; H1 and H3 on both tasks). "
-                "The reading cited is the replication's, as registered; the rerun's stays as it was.")
+                "The reading cited is the replication's, as registered; the rerun's stays as it was. The power "
+                f"the design had for H2 (primary) at +-{MARGIN:g}, from the replication's own variance components "
+                "(t test; TOST at 0): " + "; ".join(
+                    f"{t} " + (f"{power[(t, 'H2')]['t'][0]:.2f}; {power[(t, 'H2')]['tost'][0]:.2f}"
+                               if (t, "H2") in power else "pending") for t in TASKS) + ".")
     return "\n".join(out)
 
 
@@ -515,10 +571,12 @@ def blocks(results_dir: Path = RESULTS) -> dict[str, str]:
         values[t], missing[t] = read_replication(stale_rerun.read_rows(path, KEY), t, lrs[t], str(path))
     complete = {t: values[t] for t in TASKS if not missing[t]}
     tests = analyse(complete)
+    power = achieved_power(values, missing, results_dir)
     return {"edge": edge_block(cells, chosen, edge_missing), "results": results_block(values, missing, tests),
             "conclusions": conclusions_block(tests, rerun_verdicts(results_dir)),
             "readouts": readouts_block(missing, readouts(complete, tests)),
-            "readme": readme_block(tests, rerun_results(results_dir), missing)}
+            "readme": readme_block(tests, rerun_results(results_dir), missing, power),
+            "power": power_block(power, missing)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,6 +171,19 @@ def test_the_analysis_with_the_warm_start_as_the_unit_by_hand(tmp_path):
     assert "| default | H2 | better | better | replicates |" in text
     assert "| multistep | H2 | on par | on par | replicates |" in text
     assert "| multistep | H1 | better | on par | does not replicate |" in text
+    # the power the design had, from the replication's own components (by hand: the one-way ANOVA, then the
+    # noncentral t at Holm's first step, alpha 0.05 / 2 for H2)
+    v = values["default"][0][rep.METRIC]
+    d = np.array([[v["onpolicy_prev_window"][(w, s)] - v["grpo_async"][(w, s)] for s in rep.SEEDS]
+                  for w in rep.WARM_STARTS["default"]])
+    msb, msw = 2 * d.mean(axis=1).var(ddof=1), d.var(axis=1, ddof=1).mean()
+    var_mean = max(0.0, (msb - msw) / 2) + msw / 2
+    crit, nc = st.t.ppf(1 - 0.025 / 2, 11), rep.MARGIN / math.sqrt(var_mean / 12)
+    power = st.nct.sf(crit, 11, nc) + st.nct.cdf(-crit, 11, nc)
+    assert f"| default | H2 | {math.sqrt(max(0.0, (msb - msw) / 2)):.4f} (" in blocks["power"]
+    assert f"| {math.sqrt(var_mean / 12):.4f} | {power:.2f} (" in blocks["power"]
+    assert "The power the design had for H2 (primary) at +-0.02, " in blocks["readme"]
+    assert f"(t test; TOST at 0): default {power:.2f}; " in blocks["readme"]
     # the README's claims: each comparison at each unit, the replication's reading cited, and the rerun's
     # recommendation rule applied to the replication's readings (H1 better on default, on par on multistep)
     text = blocks["readme"]
@@ -192,6 +205,7 @@ def test_the_blocks_are_pending_until_every_row_is_in_and_the_page_markers_read_
     assert "Holm" in blocks["results"] and "| H2 |" not in blocks["results"]
     assert "**default**: pending" in blocks["readouts"] and blocks["conclusions"].startswith("Pending")
     assert "| pending (2 of 72 runs not in) | pending |" in blocks["readme"]
+    assert "| default | pending: 2 of the 72 runs not in |" in blocks["power"]
     assert "recommendation (the rerun's rule on the replication's readings) is pending" in blocks["readme"]
     # one task in: its table, the readings pending (Holm spans both tasks)
     (results / "replication_default.csv").unlink()
