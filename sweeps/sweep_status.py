@@ -125,11 +125,14 @@ def unnamed_keys() -> set[str]:
     return set(hydra["job"]["config"]["override_dirname"]["exclude_keys"])
 
 
-def held_by_other_settings(point: dict[str, str], jobs: list[dict]) -> tuple[dict, str] | None:
+def held_by_other_settings(point: dict[str, str], jobs: list[dict], swept: set[str] = frozenset()
+                           ) -> tuple[dict, str] | None:
     """A grid point no folder holds whose folder name a job folder has, trained with other values of keys names
     leave out (a rerun with another ``model.path``): (that job, ``key=there (asked: value)`` ...); else None. A
-    rerun of such a point is refused (``job not started``); it runs in a new ``hydra.sweep.dir``."""
-    unnamed = unnamed_keys()
+    rerun of such a point is refused (``job not started``); it runs in a new ``hydra.sweep.dir``. A key the grid
+    itself sweeps (``swept``: ``data.path=a,b``) tells jobs apart, not settings: a point differing there is a job of
+    its own, not refused."""
+    unnamed = unnamed_keys() - set(swept)
     named = {k: v for k, v in point.items() if k not in unnamed}
     for job in jobs:
         if {k: v for k, v in job["overrides"].items() if k not in unnamed} == named:  # the same folder name
@@ -268,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             params = [f"{k}={v}" for k, v in (hydra.get("sweeper", {}).get("params") or {}).items()]
             points += expand([*params, *hydra["overrides"]["task"]])
     missing = [p for p in points if not any(_matches(p, j["overrides"]) for j in jobs)]
-    held = [(p, h) for p in missing if (h := held_by_other_settings(p, jobs))]
+    swept = {k for k in {k for p in points for k in p} if len({p.get(k) for p in points}) > 1}
+    held = [(p, h) for p in missing if (h := held_by_other_settings(p, jobs, swept))]
     missing = [p for p in missing if not any(p is q for q, _ in held)]
     shown = list(grid) or swept_keys([j["overrides"] for j in jobs] + missing)
     for job in jobs:

@@ -170,3 +170,15 @@ def test_a_rerun_refused_for_other_settings_reads_as_refused_not_as_jobs_to_run(
     assert ("(its folder 0_onpolicy_0 holds a run with other settings: model.path=(default) there, /w/policy asked)"
             in out) and "run those settings with a new hydra.sweep.dir" in out
     assert "not started" not in out and "to finish, rerun" not in out
+
+
+def test_a_key_the_grid_sweeps_tells_jobs_apart_and_is_not_read_as_other_settings():
+    """``data.path=a,b`` in one grid: the job of ``b`` not started yet is a job to run, not a refusal by ``a``'s
+    folder, though folder names leave data.path out."""
+    sys.path.insert(0, str(REPO_ROOT / "sweeps"))
+    import sweep_status
+
+    jobs = [{"dir": "0_seed-0", "overrides": {"seed": "0", "data.path": "a"}}]
+    assert sweep_status.held_by_other_settings({"seed": "0", "data.path": "b"}, jobs, {"data.path"}) is None
+    held = sweep_status.held_by_other_settings({"seed": "0", "data.path": "b"}, jobs)
+    assert held is not None and held[1] == "data.path=a there, b asked"
