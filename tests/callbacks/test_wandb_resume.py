@@ -34,16 +34,13 @@ def test_a_resumed_run_continues_the_same_wandb_run_with_the_config(tmp_path, mo
         run_training(compose_train_cfg(tmp_path / "resumed", [*COMMON, "trainer.max_steps=4", f"ckpt_path={last}"]))
     finally:
         wandb.finish()
+        # the offline run file is written by W&B's service process: finish() can return before its last records
+        # are on disk (under load the resumed run's file once held its header only, and read as a run without id);
+        # teardown waits for the service to exit, files flushed
+        wandb.teardown()
     first, resumed = _offline_run(tmp_path / "first"), _offline_run(tmp_path / "resumed")
     kept = read_run_id(tmp_path / "first")
-    # once in a loaded suite (-n 2, stop 46) the resumed folder had no wandb_run_id while its W&B run had the kept
-    # id: not reproduced alone or in its worker's file order; the message carries what would tell why
-    from lightning.pytorch.utilities import rank_zero_only
-
-    seen = (f"rank_zero_only.rank={getattr(rank_zero_only, 'rank', None)}, resumed folder: "
-            f"{sorted(p.name for p in (tmp_path / 'resumed').iterdir())}")
-    assert kept and first["id"] == resumed["id"] == kept, seen
-    assert read_run_id(tmp_path / "resumed") == kept, seen
+    assert kept and first["id"] == resumed["id"] == kept == read_run_id(tmp_path / "resumed")
     for run, max_steps in ((first, 2), (resumed, 4)):
         assert run["config"]["trainer/max_steps"] == max_steps  # flattened like Lightning's log_hyperparams
         assert run["config"]["algo/learning_rate"] == 1e-4 and run["config"]["model/hidden_size"] == 32
