@@ -66,6 +66,9 @@ def test_the_engine_is_checked_before_any_model_is_built(tmp_path):
         _eval(tmp_path, ["rollout.cache_implementation=static"])
     with pytest.raises(ConfigError, match="rollout._target_='nowhere.Engine' is not an importable class"):
         _eval(tmp_path, ["rollout._target_=nowhere.Engine"])
+    with pytest.raises(ConfigError, match=r"rollout\._target_='grpolab\.rollout\.rules\.steps\.EveryKSteps' is not a "
+                                          r"grpolab\.rollout\.engines\.base\.GenerationEngine subclass"):
+        _eval(tmp_path, ["rollout._target_=grpolab.rollout.rules.steps.EveryKSteps"])  # a class, but no engine
     assert not (tmp_path / "cache").exists()  # nothing was loaded
 
 

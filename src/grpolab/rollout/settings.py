@@ -154,6 +154,21 @@ class RolloutConfig:
 OLD_SPELLINGS = {"steps": "grpolab.rollout.rules.steps.EveryKSteps", "adaptive": "grpolab.rollout.rules.drift.DriftRefresh"}
 
 
+def plugin_class(where: str, target: Any, base: type) -> type:
+    """The class a ``<where>._target_`` names, checked to be a subclass of ``base`` (an engine, a refresh rule).
+
+    Raises:
+        ConfigError: naming ``<where>._target_``: not importable (Hydra's reason), or not a ``base`` subclass.
+    """
+    try:
+        cls = get_class(str(target))
+    except Exception as err:  # Hydra raises ImportError or ValueError depending on what is missing
+        raise ConfigError(f"{where}._target_={target!r} is not an importable class ({err})") from err
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{where}._target_={target!r} is not a {base.__module__}.{base.__qualname__} subclass")
+    return cls
+
+
 def _build_rule(where: str, key_prefix: str, node: dict[str, Any], schedule: Schedule) -> RefreshRule:
     """One rule of ``rollout.refresh``, built and checked against ``schedule``.
 
@@ -162,12 +177,7 @@ def _build_rule(where: str, key_prefix: str, node: dict[str, Any], schedule: Sch
             names the key first, after ``key_prefix``).
     """
     target = node["_target_"]
-    try:
-        cls = get_class(str(target))
-    except Exception as err:  # Hydra raises ImportError or ValueError depending on what is missing
-        raise ConfigError(f"{where}._target_={target!r} is not an importable class ({err})") from err
-    if not (isinstance(cls, type) and issubclass(cls, RefreshRule)):
-        raise ConfigError(f"{where}._target_={target!r} is not a grpolab.rollout.rules.base.RefreshRule subclass")
+    cls = plugin_class(where, target, RefreshRule)
     if not cls.name:
         raise ConfigError(f"{where}._target_={target!r} has no name: set the class attribute name (its metrics, "
                           "summary keys and checkpoint entry go by it)")
@@ -210,12 +220,7 @@ def resolve_rollout(rollout: dict[str, Any], algo: GRPOConfig | None) -> tuple[t
     """
     engine_args, settings = split_rollout_config(rollout)
     target = engine_args.get("_target_")
-    try:
-        engine_cls = get_class(str(target))
-    except Exception as err:  # Hydra raises ImportError or ValueError depending on what is missing
-        raise ConfigError(f"rollout._target_={target!r} is not an importable class ({err})") from err
-    if not (isinstance(engine_cls, type) and issubclass(engine_cls, GenerationEngine)):
-        raise ConfigError(f"rollout._target_={target!r} is not a grpolab.rollout.engines.base.GenerationEngine subclass")
+    engine_cls = plugin_class("rollout", target, GenerationEngine)
     if settings.async_generation is True:
         engine_cls = engine_cls.async_engine()
         engine_args["_target_"] = f"{engine_cls.__module__}.{engine_cls.__qualname__}"
