@@ -39,6 +39,23 @@ def kernels_line() -> str:
     return f"cpu: {model} ({isa}); cpu kernels: ATen {torch.backends.cpu.get_cpu_capability()}, pinned: {pins}"
 
 
+def _machine_cpu() -> tuple[float, float] | None:
+    """(busy, all) core-seconds of the whole machine since boot, from /proc/stat; None where it cannot be read."""
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz  # idle and iowait are not busy
+
+
+_MACHINE_AT_START = pytest.StashKey()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_MACHINE_AT_START] = _machine_cpu()
+
+
 def pytest_report_header(config):
     return kernels_line()
 
@@ -46,6 +63,11 @@ def pytest_report_header(config):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if config.get_verbosity() < 0:  # -q hides the header
         terminalreporter.write_line(kernels_line())
+    start, end = config.stash.get(_MACHINE_AT_START, None), _machine_cpu()
+    if start and end and end[1] > start[1]:  # how busy the machine was: a timing is quiet, or it is not
+        busy, total = end[0] - start[0], end[1] - start[1]
+        terminalreporter.write_line(f"machine: {os.cpu_count()} cores busy {100 * busy / total:.0f}% of the run "
+                                    f"({busy:.0f} of {total:.0f} core-s, every process on it, this suite's and others')")
 
 
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
