@@ -537,9 +537,9 @@ def readme_block(tests: list[WarmStartTest], rerun: list, missing_by_task: dict,
                 "else better/worse = Holm-adjusted p < 0.05 (families: H2 on both tasks; H1 and H3 on both tasks). "
                 "The reading cited is the replication's, as registered; the rerun's stays as it was. The power "
                 f"the design had for H2 (primary) at +-{MARGIN:g}, from the replication's own variance components "
-                "(t test; TOST at 0): " + "; ".join(
-                    f"{t} " + (f"{power[(t, 'H2')]['t'][0]:.2f}; {power[(t, 'H2')]['tost'][0]:.2f}"
-                               if (t, "H2") in power else "pending") for t in TASKS) + ".")
+                "(t test at the margin; TOST at 0): " + "; ".join(
+                    f"{t}: " + (f"t {power[(t, 'H2')]['t'][0]:.2f}, TOST {power[(t, 'H2')]['tost'][0]:.2f}"
+                                if (t, "H2") in power else "pending") for t in TASKS) + ".")
     return "\n".join(out)
 
 

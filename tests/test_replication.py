@@ -183,7 +183,7 @@ def test_the_analysis_with_the_warm_start_as_the_unit_by_hand(tmp_path):
     assert f"| default | H2 | {math.sqrt(max(0.0, (msb - msw) / 2)):.4f} (" in blocks["power"]
     assert f"| {math.sqrt(var_mean / 12):.4f} | {power:.2f} (" in blocks["power"]
     assert "The power the design had for H2 (primary) at +-0.02, " in blocks["readme"]
-    assert f"(t test; TOST at 0): default {power:.2f}; " in blocks["readme"]
+    assert f"(t test at the margin; TOST at 0): default: t {power:.2f}, TOST " in blocks["readme"]
     # the README's claims: each comparison at each unit, the replication's reading cited, and the rerun's
     # recommendation rule applied to the replication's readings (H1 better on default, on par on multistep)
     text = blocks["readme"]
