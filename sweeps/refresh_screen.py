@@ -10,6 +10,8 @@ Inputs, under ``sweeps/results/`` (``sweep_status.py --csv``):
 
 - ``refresh_screen_tune_<task>.csv``: stage 1, one row per (arm, seed): the six threshold arms
   ``k10_ppo_drift{02,05,10}`` and ``k10_ppo_ess{80,90,97}`` at seeds 100, 101, ``val_mean_at_16``;
+- ``refresh_screen_tune_edge_<task>.csv``: stage 1's edge step, the same for ``k10_ppo_drift01`` and
+  ``k10_ppo_ess99`` (one tighter threshold per rule, added to the plan before its runs);
 - ``refresh_screen_test_<task>.csv``: stage 2, one row per (arm, ``model.warmstart.seed``, seed): k10_ppo and the
   two chosen arms at warm starts 0-2 x seeds 0, 1, ``test_mean_at_16``, ``drift_refreshes``, ``ess_refreshes``,
   ``train_entropy_end``.
@@ -36,8 +38,13 @@ from grpolab.report import stats  # noqa: E402
 RESULTS = ROOT / "sweeps" / "results"
 TASKS = ("default", "multistep")
 BASE = "k10_ppo"
-RULES = {"drift": ("k10_ppo_drift02", "k10_ppo_drift05", "k10_ppo_drift10"),
-         "ess": ("k10_ppo_ess80", "k10_ppo_ess90", "k10_ppo_ess97")}
+GRID = {"drift": ("k10_ppo_drift02", "k10_ppo_drift05", "k10_ppo_drift10"),
+        "ess": ("k10_ppo_ess80", "k10_ppo_ess90", "k10_ppo_ess97")}
+# the edge step, added to the plan before its runs (default's choices sat at the tightest threshold of both grids):
+# one tighter threshold per rule, on both tasks, in its own sweep (sweeps/refresh_screen_tune_edge.yaml)
+EDGE = {"drift": ("k10_ppo_drift01",), "ess": ("k10_ppo_ess99",)}
+RULES = {"drift": EDGE["drift"] + GRID["drift"], "ess": GRID["ess"] + EDGE["ess"]}  # the extended grid, by threshold
+STAGE1 = sum(map(len, RULES.values())) * 2  # 16 runs per task: 8 arms x the 2 tuning seeds
 TUNE_SEEDS = (100, 101)
 WARM_STARTS, SEEDS = (0, 1, 2), (0, 1)
 ALPHA, DETECTABLE = 0.05, 0.05  # the plan's detectable effect: a difference inside it is "not distinguishable"
@@ -59,25 +66,27 @@ def looseness(arm: str) -> float:
     return value if key == "max_drift" else -value
 
 
-def choose(rows: list[dict], where: str) -> tuple[dict, dict, int]:
-    """Stage 1's rule, per rule: the threshold arm with the highest mean ``val_mean_at_16`` over the tuning seeds;
-    a tie goes to the looser threshold (fewer refreshes); a non-finite score counts 0.
+def choose(rows: list[dict], where: str, edge_rows: list[dict] = (), edge_where: str = "edge") -> tuple[dict, dict, int]:
+    """Stage 1's rule, per rule: over the extended grid (the first sweep's arms ``rows`` and the edge step's
+    ``edge_rows``), the threshold arm with the highest mean ``val_mean_at_16`` over the tuning seeds; a tie goes to
+    the looser threshold (fewer refreshes); a non-finite score counts 0.
 
     Returns:
         (cells, chosen, missing): cells[arm] = (mean, SE, n), chosen[rule] = arm or None while a cell lacks a seed,
-        missing = the number of the 12 stage 1 runs not in ``rows``.
+        missing = the number of the 16 stage 1 runs not in the rows.
     Raises:
-        ValueError: a row of another arm or seed, a duplicate (arm, seed), a row without a score.
+        ValueError: a row of another arm or seed than its sweep's, a duplicate (arm, seed), a row without a score.
     """
-    stale_rerun.refuse_duplicate_rows(rows, TUNE_KEY, where)
-    arms = [a for group in RULES.values() for a in group]
-    values: dict[str, dict[int, float]] = {a: {} for a in arms}
-    for i, r in enumerate(rows, start=2):
-        arm, seed = r["arm"], int(float(r["seed"]))
-        if arm not in values or seed not in TUNE_SEEDS:
-            raise ValueError(f"{where} line {i}: ({arm}, seed {seed}) is not in stage 1's grid (arms "
-                             f"{', '.join(arms)}; seeds {', '.join(map(str, TUNE_SEEDS))})")
-        values[arm][seed] = stale_rerun._value(r, "val_mean_at_16", f"{where} line {i}")
+    values: dict[str, dict[int, float]] = {a: {} for group in RULES.values() for a in group}
+    for part, name, grid in ((rows, where, GRID), (edge_rows, edge_where, EDGE)):
+        stale_rerun.refuse_duplicate_rows(part, TUNE_KEY, name)
+        arms = [a for group in grid.values() for a in group]
+        for i, r in enumerate(part, start=2):
+            arm, seed = r["arm"], int(float(r["seed"]))
+            if arm not in arms or seed not in TUNE_SEEDS:
+                raise ValueError(f"{name} line {i}: ({arm}, seed {seed}) is not in its stage 1 sweep's grid (arms "
+                                 f"{', '.join(arms)}; seeds {', '.join(map(str, TUNE_SEEDS))})")
+            values[arm][seed] = stale_rerun._value(r, "val_mean_at_16", f"{name} line {i}")
     cells = {a: (*stats.mean_se(list(v.values())), len(v)) if v else (math.nan, math.nan, 0) for a, v in values.items()}
     chosen = {}
     for rule, group in RULES.items():
@@ -87,6 +96,13 @@ def choose(rows: list[dict], where: str) -> tuple[dict, dict, int]:
         chosen[rule] = max(group, key=lambda a: (cells[a][0], looseness(a)))
     missing = sum(len(TUNE_SEEDS) - len(v) for v in values.values())
     return cells, chosen, missing
+
+
+def stage1_of(task: str, results_dir: Path = RESULTS) -> tuple[dict, dict, int]:
+    """``choose`` over a task's two stage 1 files, ``refresh_screen_tune_<task>.csv`` and
+    ``refresh_screen_tune_edge_<task>.csv`` (either may be missing: its runs count as missing)."""
+    path, edge = (results_dir / f"refresh_screen_tune{part}_{task}.csv" for part in ("", "_edge"))
+    return choose(stale_rerun.read_rows(path, TUNE_KEY), str(path), stale_rerun.read_rows(edge, TUNE_KEY), str(edge))
 
 
 @dataclass
@@ -176,7 +192,7 @@ def tune_block(stage1: dict) -> str:
     """Markdown: per task, each threshold's validation score and the chosen one per rule."""
     out = []
     for task, (cells, chosen, missing) in stage1.items():
-        state = "all 12 runs in" if not missing else f"pending: {missing} of the 12 runs not in"
+        state = f"all {STAGE1} runs in" if not missing else f"pending: {missing} of the {STAGE1} runs not in"
         out += [f"**{task}** (val mean@16, 1024 prompts, warm start 3, seeds 100, 101; {state})\n",
                 "| rule | threshold | mean +- SE | chosen |", "|---|---|---|---|"]
         for rule, group in RULES.items():
@@ -184,12 +200,14 @@ def tune_block(stage1: dict) -> str:
                 key, value = threshold(arm)
                 mean, se, n = cells[arm]
                 text = "-" if not n else f"{mean:.3f} +- {se:.3f}" + ("" if n == len(TUNE_SEEDS) else f" (n={n})")
-                out.append(f"| {rule} | `{key}={value:g}` (`{arm}`) | {text} | "
+                edge = " (edge step)" if arm in EDGE[rule] else ""
+                out.append(f"| {rule} | `{key}={value:g}` (`{arm}`){edge} | {text} | "
                            f"{'**yes**' if chosen[rule] == arm else ''} |")
         out.append("")
     out.append("Rule (fixed before the runs): per rule and task, the threshold with the highest mean over the two "
-               "seeds; a tie goes to the looser threshold (fewer refreshes). Rows: "
-               "`sweeps/results/refresh_screen_tune_<task>.csv`.")
+               "seeds, over the extended grid (the edge step's tighter threshold included); a tie goes to the looser "
+               "threshold (fewer refreshes). Rows: `sweeps/results/refresh_screen_tune_<task>.csv` and "
+               "`sweeps/results/refresh_screen_tune_edge_<task>.csv`.")
     return "\n".join(out)
 
 
@@ -223,8 +241,7 @@ def analyse(results_dir: Path = RESULTS) -> tuple[dict, dict, list[RuleTest]]:
     """Stage 1's choices, stage 2's missing counts and the Holm-corrected tests, from the CSVs."""
     stage1, stage2, tests = {}, {}, []
     for task in TASKS:
-        path = results_dir / f"refresh_screen_tune_{task}.csv"
-        stage1[task] = choose(stale_rerun.read_rows(path, TUNE_KEY), str(path))
+        stage1[task] = stage1_of(task, results_dir)
         path = results_dir / f"refresh_screen_test_{task}.csv"
         mine, stage2[task] = compare(stale_rerun.read_rows(path, TEST_KEY), task, stage1[task][1], str(path))
         tests += mine
@@ -247,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.arms:
-            path = args.results / f"refresh_screen_tune_{args.arms}.csv"
-            _, chosen, missing = choose(stale_rerun.read_rows(path, TUNE_KEY), str(path))
+            _, chosen, missing = stage1_of(args.arms, args.results)
             if missing:
-                print(f"pending: {missing} of stage 1's 12 runs are not in {path}", file=sys.stderr)
+                print(f"pending: {missing} of stage 1's {STAGE1} runs of {args.arms} are not in {args.results} "
+                      f"(refresh_screen_tune_{args.arms}.csv, refresh_screen_tune_edge_{args.arms}.csv)", file=sys.stderr)
                 return 1
             print("correction_arm=" + ",".join([BASE, *chosen.values()]))
             return 0

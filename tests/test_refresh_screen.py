@@ -45,27 +45,47 @@ def _test_rows(chosen, shifts, seed=0):
     return rows
 
 
-def test_stage_1_chooses_the_best_threshold_a_tie_to_the_looser_and_waits_for_its_rows(tmp_path):
+def _split(rows):
+    """Stage 1 rows as its two sweeps write them: (the first grid's, the edge step's)."""
+    edge = {a for group in rs.EDGE.values() for a in group}
+    return [r for r in rows if r["arm"] not in edge], [r for r in rows if r["arm"] in edge]
+
+
+def test_stage_1_chooses_the_best_threshold_over_the_extended_grid_a_tie_to_the_looser_and_waits(tmp_path):
     assert rs.threshold("k10_ppo_drift05") == ("max_drift", 0.05)  # read from the arm's yaml
     assert rs.threshold("k10_ppo_ess97") == ("min_ess", 0.97)
+    assert rs.threshold("k10_ppo_drift01") == ("max_drift", 0.01) and rs.threshold("k10_ppo_ess99") == ("min_ess", 0.99)
     # exact ties in binary (a tie is an exact one): drift 0.05 and 0.1 at 0.5625, ess 0.9 and 0.97 at 0.375
-    scores = {"k10_ppo_drift02": (0.50, 0.52), "k10_ppo_drift05": (0.5, 0.625), "k10_ppo_drift10": (0.625, 0.5),
-              "k10_ppo_ess80": (0.25, 0.25), "k10_ppo_ess90": (0.25, 0.5), "k10_ppo_ess97": (0.375, 0.375)}
-    cells, chosen, missing = rs.choose(_tune_rows(scores), "tune")
+    scores = {"k10_ppo_drift01": (0.5, 0.5), "k10_ppo_drift02": (0.50, 0.52), "k10_ppo_drift05": (0.5, 0.625),
+              "k10_ppo_drift10": (0.625, 0.5), "k10_ppo_ess80": (0.25, 0.25), "k10_ppo_ess90": (0.25, 0.5),
+              "k10_ppo_ess97": (0.375, 0.375), "k10_ppo_ess99": (0.25, 0.375)}
+    first, edge = _split(_tune_rows(scores))
+    cells, chosen, missing = rs.choose(first, "tune", edge, "edge")
     # each tie goes to the looser threshold (fewer refreshes): max_drift 0.1, min_ess 0.9
     assert missing == 0 and chosen == {"drift": "k10_ppo_drift10", "ess": "k10_ppo_ess90"}
     assert cells["k10_ppo_drift02"][:2] == pytest.approx((0.51, 0.01))
-    _, chosen, missing = rs.choose(_tune_rows(scores)[:-1], "tune")
+    # the edge step's tighter threshold wins when it scores higher: it is part of the grid the rule chooses over
+    first_hi, edge_hi = _split(_tune_rows({**scores, "k10_ppo_drift01": (0.75, 0.75)}))
+    assert rs.choose(first_hi, "tune", edge_hi, "edge")[1]["drift"] == "k10_ppo_drift01"
+    # without the edge step's rows nothing is chosen yet: 4 of the 16 runs are missing
+    _, chosen, missing = rs.choose(first, "tune")
+    assert missing == 4 and chosen == {"drift": None, "ess": None}
+    _, chosen, missing = rs.choose(first, "tune", edge[:-1], "edge")
     assert missing == 1 and chosen == {"drift": "k10_ppo_drift10", "ess": None}
-    with pytest.raises(ValueError, match=r"tune line 2: \(k10_ppo, seed 100\) is not in stage 1's grid"):
+    with pytest.raises(ValueError, match=r"tune line 2: \(k10_ppo, seed 100\) is not in its stage 1 sweep's grid"):
         rs.choose(_tune_rows({"k10_ppo": (0.5, 0.5)}), "tune")
+    with pytest.raises(ValueError, match=r"edge line 2: \(k10_ppo_drift02, seed 100\) is not in its stage 1 sweep"):
+        rs.choose(first, "tune", first, "edge")  # each sweep's rows are checked against its own grid
     with pytest.raises(ValueError, match="duplicate"):
-        rs.choose(_tune_rows(scores) * 2, "tune")
+        rs.choose(first * 2, "tune", edge, "edge")
     results = tmp_path / "results"
     results.mkdir()
-    _write(results / "refresh_screen_tune_default.csv", _tune_rows(scores))
+    _write(results / "refresh_screen_tune_default.csv", first)
+    assert rs.main(["--results", str(results), "--arms", "default"]) == 1  # the edge step's rows not in yet
+    _write(results / "refresh_screen_tune_edge_default.csv", edge)
     assert rs.main(["--results", str(results), "--arms", "default"]) == 0
     assert rs.main(["--results", str(results), "--arms", "multistep"]) == 1  # no stage 1 rows yet
+    assert "all 16 runs in" in rs.blocks(results)["tune"]
 
 
 def test_stage_2_the_warm_start_as_the_unit_by_hand_and_holm_over_the_four(tmp_path, capsys):
@@ -76,7 +96,9 @@ def test_stage_2_the_warm_start_as_the_unit_by_hand_and_holm_over_the_four(tmp_p
     results.mkdir()
     rows = {}
     for i, task in enumerate(rs.TASKS):
-        _write(results / f"refresh_screen_tune_{task}.csv", _tune_rows(tune))
+        first, edge = _split(_tune_rows(tune))
+        _write(results / f"refresh_screen_tune_{task}.csv", first)
+        _write(results / f"refresh_screen_tune_edge_{task}.csv", edge)
         rows[task] = _test_rows(chosen, shifts[task], seed=i)
         _write(results / f"refresh_screen_test_{task}.csv", rows[task][:-1])
     stage1, stage2, tests = rs.analyse(results)
