@@ -58,7 +58,9 @@ ENTROPY_END, ENTROPY_STEPS = "train_entropy_end", 10  # the final entropy: metri
 
 def config_grid(config: str, overrides: list[str]) -> dict[str, list[str]]:
     """The sweeper's ``params`` of ``sweeps/<config>.yaml`` (comma lists, as Hydra's basic sweeper reads them);
-    an override ``key=a,b`` of one of them replaces its values, as on the command line of a sweep."""
+    an override ``key=a,b`` replaces a key's values, and so does a single value ``key=a`` of a key the params
+    sweep (``algo.learning_rate=5e-5`` against the file's ``algo.learning_rate: 1e-4``), as Hydra's command line
+    does: the command wins."""
     from hydra import compose, initialize_config_dir
 
     sweep = dict(o.split("=", 1) for o in overrides if "=" in o and "," in o.split("=", 1)[1])
@@ -68,7 +70,8 @@ def config_grid(config: str, overrides: list[str]) -> dict[str, list[str]]:
                                                      *(o for o in overrides if o.split("=", 1)[0] not in sweep)],
                       return_hydra_config=True)
     params = {k: str(v).split(",") for k, v in (cfg.hydra.sweeper.params or {}).items()}
-    return {**params, **{k: v.split(",") for k, v in sweep.items()}}
+    single = {k: [v] for k, v in _as_dict(overrides).items() if k in params and k not in sweep}
+    return {**params, **single, **{k: v.split(",") for k, v in sweep.items()}}
 
 
 def expand(overrides: list[str]) -> list[dict[str, str]]:

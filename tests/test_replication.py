@@ -272,6 +272,9 @@ def test_the_two_sweeps_compose_as_registered():
     ms = ",".join(map(str, rep.WARM_STARTS["multistep"]))
     assert config_grid("replication", ["data=multistep", f"model.warmstart.seed={ms}"])["model.warmstart.seed"] == \
         [str(w) for w in rep.WARM_STARTS["multistep"]]
+    # so does a single value of a key the file sweeps (the refresh screen's multistep lr): no phantom 1e-4 jobs
+    tune = config_grid("refresh_screen_tune", ["data=multistep", "algo.learning_rate=5e-5"])
+    assert tune["algo.learning_rate"] == ["5e-5"] and len(tune["correction_arm"]) == 6
     cfg = compose_sweep("replication", [*lrs, "correction_arm=grpo_async", "model.warmstart.seed=30", "seed=201"])
     assert cfg.model.warmstart.seed == 30 and cfg.seed == 201
     text = yaml.safe_load((REPO_ROOT / "sweeps" / "replication.yaml").read_text())
