@@ -72,12 +72,14 @@ def choose(rows: list[dict], where: str, edge_rows: list[dict] = (), edge_where:
     the looser threshold (fewer refreshes); a non-finite score counts 0.
 
     Returns:
-        (cells, chosen, missing): cells[arm] = (mean, SE, n), chosen[rule] = arm or None while a cell lacks a seed,
+        (cells, chosen, missing): cells[arm] = (mean, SE, n, the rule's mean refresh count a run; the count is
+        descriptive, the choice reads the score only), chosen[rule] = arm or None while a cell lacks a seed,
         missing = the number of the 16 stage 1 runs not in the rows.
     Raises:
         ValueError: a row of another arm or seed than its sweep's, a duplicate (arm, seed), a row without a score.
     """
     values: dict[str, dict[int, float]] = {a: {} for group in RULES.values() for a in group}
+    refreshes: dict[str, list[float]] = {a: [] for a in values}
     for part, name, grid in ((rows, where, GRID), (edge_rows, edge_where, EDGE)):
         stale_rerun.refuse_duplicate_rows(part, TUNE_KEY, name)
         arms = [a for group in grid.values() for a in group]
@@ -87,7 +89,10 @@ def choose(rows: list[dict], where: str, edge_rows: list[dict] = (), edge_where:
                 raise ValueError(f"{name} line {i}: ({arm}, seed {seed}) is not in its stage 1 sweep's grid (arms "
                                  f"{', '.join(arms)}; seeds {', '.join(map(str, TUNE_SEEDS))})")
             values[arm][seed] = stale_rerun._value(r, "val_mean_at_16", f"{name} line {i}")
-    cells = {a: (*stats.mean_se(list(v.values())), len(v)) if v else (math.nan, math.nan, 0) for a, v in values.items()}
+            rule = "drift" if arm in GRID["drift"] + EDGE["drift"] else "ess"
+            refreshes[arm].append(float(r.get(f"{rule}_refreshes") or 0))
+    cells = {a: (*stats.mean_se(list(v.values())), len(v), sum(refreshes[a]) / len(v)) if v
+             else (math.nan, math.nan, 0, math.nan) for a, v in values.items()}
     chosen = {}
     for rule, group in RULES.items():
         if any(cells[a][2] < len(TUNE_SEEDS) for a in group):
@@ -194,19 +199,21 @@ def tune_block(stage1: dict) -> str:
     for task, (cells, chosen, missing) in stage1.items():
         state = f"all {STAGE1} runs in" if not missing else f"pending: {missing} of the {STAGE1} runs not in"
         out += [f"**{task}** (val mean@16, 1024 prompts, warm start 3, seeds 100, 101; {state})\n",
-                "| rule | threshold | mean +- SE | chosen |", "|---|---|---|---|"]
+                "| rule | threshold | mean +- SE | refreshes a run | chosen |", "|---|---|---|---|---|"]
         for rule, group in RULES.items():
             for arm in group:
                 key, value = threshold(arm)
-                mean, se, n = cells[arm]
+                mean, se, n, count = cells[arm]
                 text = "-" if not n else f"{mean:.3f} +- {se:.3f}" + ("" if n == len(TUNE_SEEDS) else f" (n={n})")
                 edge = " (edge step)" if arm in EDGE[rule] else ""
-                out.append(f"| {rule} | `{key}={value:g}` (`{arm}`){edge} | {text} | "
-                           f"{'**yes**' if chosen[rule] == arm else ''} |")
+                mark = "" if chosen[rule] != arm else "**yes**" + (" (at the extended grid's edge)" if edge else "")
+                out.append(f"| {rule} | `{key}={value:g}` (`{arm}`){edge} | {text} | {'-' if not n else f'{count:.0f}'} "
+                           f"| {mark} |")
         out.append("")
     out.append("Rule (fixed before the runs): per rule and task, the threshold with the highest mean over the two "
                "seeds, over the extended grid (the edge step's tighter threshold included); a tie goes to the looser "
-               "threshold (fewer refreshes). Rows: `sweeps/results/refresh_screen_tune_<task>.csv` and "
+               "threshold (fewer refreshes). Refreshes a run: those the rule triggered (mean over the seeds), the "
+               "every-10-steps bound's not counted. Rows: `sweeps/results/refresh_screen_tune_<task>.csv` and "
                "`sweeps/results/refresh_screen_tune_edge_<task>.csv`.")
     return "\n".join(out)
 

@@ -25,7 +25,9 @@ def _write(path, rows):
 
 def _tune_rows(scores):
     """Stage 1 rows: scores[arm] = (seed 100, seed 101)."""
-    return [{"arm": arm, "seed": str(seed), "val_mean_at_16": repr(v)}
+    return [{"arm": arm, "seed": str(seed), "val_mean_at_16": repr(v),
+             "drift_refreshes": str(seed - 90) if "drift" in arm else "0",  # 10 and 11: the mean a run is 10.5
+             "ess_refreshes": str(seed - 70) if "ess" in arm else ""}
             for arm, pair in scores.items() for seed, v in zip(rs.TUNE_SEEDS, pair)]
 
 
@@ -64,6 +66,8 @@ def test_stage_1_chooses_the_best_threshold_over_the_extended_grid_a_tie_to_the_
     # each tie goes to the looser threshold (fewer refreshes): max_drift 0.1, min_ess 0.9
     assert missing == 0 and chosen == {"drift": "k10_ppo_drift10", "ess": "k10_ppo_ess90"}
     assert cells["k10_ppo_drift02"][:2] == pytest.approx((0.51, 0.01))
+    # the refreshes each rule triggered, its own column (descriptive: the choice reads the score only)
+    assert cells["k10_ppo_drift02"][3] == 10.5 and cells["k10_ppo_ess97"][3] == 30.5
     # the edge step's tighter threshold wins when it scores higher: it is part of the grid the rule chooses over
     first_hi, edge_hi = _split(_tune_rows({**scores, "k10_ppo_drift01": (0.75, 0.75)}))
     assert rs.choose(first_hi, "tune", edge_hi, "edge")[1]["drift"] == "k10_ppo_drift01"
@@ -86,6 +90,9 @@ def test_stage_1_chooses_the_best_threshold_over_the_extended_grid_a_tie_to_the_
     assert rs.main(["--results", str(results), "--arms", "default"]) == 0
     assert rs.main(["--results", str(results), "--arms", "multistep"]) == 1  # no stage 1 rows yet
     assert "all 16 runs in" in rs.blocks(results)["tune"]
+    assert "| `max_drift=0.1` (`k10_ppo_drift10`) | 0.562 +- 0.062 | 10 | **yes** |" in rs.blocks(results)["tune"]
+    _write(results / "refresh_screen_tune_edge_default.csv", edge_hi)  # a choice at the new edge says so
+    assert "| **yes** (at the extended grid's edge) |" in rs.blocks(results)["tune"]
 
 
 def test_stage_2_the_warm_start_as_the_unit_by_hand_and_holm_over_the_four(tmp_path, capsys):
