@@ -119,6 +119,7 @@ class RuleTest:
     pairs: dict  # (warm start, seed) -> difference
     refreshes: float  # the rule's mean refresh count over its runs
     entropy: float | None  # mean final-entropy difference, or None when the rows lack it
+    base: float = math.nan  # k10_ppo's own mean test score over the 6 runs (the scale of the difference)
     holm_p: float | None = None
 
     @property
@@ -175,7 +176,8 @@ def compare(rows: list[dict], task: str, chosen: dict, where: str) -> tuple[list
         has_entropy = all(got[a][k].get("train_entropy_end") not in (None, "") for a in (arm, BASE) for k in grid)
         entropy = (sum(score(arm, k, "train_entropy_end") - score(BASE, k, "train_entropy_end") for k in grid)
                    / len(grid)) if has_entropy else None
-        tests.append(RuleTest(task, arm, pairs, refreshes, entropy))
+        base = sum(score(BASE, k) for k in grid) / len(grid)
+        tests.append(RuleTest(task, arm, pairs, refreshes, entropy, base))
     return tests, 0
 
 
@@ -220,20 +222,20 @@ def tune_block(stage1: dict) -> str:
 
 def test_block(stage2: dict, tests: list[RuleTest]) -> str:
     """Markdown: per task, each chosen rule against k10_ppo, the warm start as the unit, Holm over the 4."""
-    out = ["| task | rule arm - `k10_ppo` | difference (3 warm starts) | 95% CI (t, df 2) | p | p (Holm, 4) | 6 pairs: "
+    out = ["| task | rule arm - `k10_ppo` | `k10_ppo` mean | difference (3 warm starts) | 95% CI (t, df 2) | p | p (Holm, 4) | 6 pairs: "
            "p (seed level, weaker) | warm starts > 0 | refreshes a run | final entropy diff | reading |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for task in TASKS:
         mine = [t for t in tests if t.task == task]
         if not mine:
             out.append(f"| {task} | pending: {stage2[task]} of the 18 runs not in (or stage 1 not done) "
-                       "| | | | | | | | | |")
+                       "| | | | | | | | | | |")
             continue
         for t in mine:
             lo, hi = stats.t_interval(t.means, 0.95)
             seed_p = stats.one_sample_t(list(t.pairs.values()))[2]
             entropy = "-" if t.entropy is None else f"{t.entropy:+.3f}"
-            out.append(f"| {task} | `{t.arm}` | {t.diff:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {_p(t.p)} | {_p(t.holm_p)} | "
+            out.append(f"| {task} | `{t.arm}` | {t.base:.3f} | {t.diff:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {_p(t.p)} | {_p(t.holm_p)} | "
                        f"{_p(seed_p)} | {sum(m > 0 for m in t.means)} of 3 | {t.refreshes:.1f} | {entropy} | "
                        f"{t.reading} |")
     out.append("\nTest mean@16 on 1024 prompts at 1000 steps. The unit is the warm start: each warm start's mean "

@@ -121,6 +121,7 @@ def test_stage_2_the_warm_start_as_the_unit_by_hand_and_holm_over_the_four(tmp_p
                  for r in rows[t.task]}
         means = [np.mean([score[(t.arm, w, s)] - score[(rs.BASE, w, s)] for s in rs.SEEDS]) for w in rs.WARM_STARTS]
         assert t.diff == pytest.approx(np.mean(means)) and t.p == pytest.approx(st.ttest_1samp(means, 0).pvalue)
+        assert t.base == pytest.approx(np.mean([score[(rs.BASE, w, s)] for w in rs.WARM_STARTS for s in rs.SEEDS]))
         assert t.entropy == pytest.approx(-np.mean([score[(t.arm, w, s)] - score[(rs.BASE, w, s)]
                                                     for w in rs.WARM_STARTS for s in rs.SEEDS]))
         raw.append(t.p)
@@ -133,7 +134,7 @@ def test_stage_2_the_warm_start_as_the_unit_by_hand_and_holm_over_the_four(tmp_p
     assert by[("default", "k10_ppo_ess90")].reading.startswith("not distinguishable at this size")
     text = rs.blocks(results)["test"]
     d = by[("default", "k10_ppo_drift05")]
-    assert f"| default | `k10_ppo_drift05` | {d.diff:+.3f} |" in text and f"| {d.reading} |" in text
+    assert f"| default | `k10_ppo_drift05` | {d.base:.3f} | {d.diff:+.3f} |" in text and f"| {d.reading} |" in text
     # a row of a threshold stage 1 did not choose is refused, naming the line: nothing is added after looking
     _write(results / "refresh_screen_test_default.csv",
            [*rows["default"], {**rows["default"][0], "arm": "k10_ppo_drift10"}])
