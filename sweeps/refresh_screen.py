@@ -44,8 +44,8 @@ GRID = {"drift": ("k10_ppo_drift02", "k10_ppo_drift05", "k10_ppo_drift10"),
 # one tighter threshold per rule, on both tasks, in its own sweep (sweeps/refresh_screen_tune_edge.yaml)
 EDGE = {"drift": ("k10_ppo_drift01",), "ess": ("k10_ppo_ess99",)}
 RULES = {"drift": EDGE["drift"] + GRID["drift"], "ess": GRID["ess"] + EDGE["ess"]}  # the extended grid, by threshold
-STAGE1 = sum(map(len, RULES.values())) * 2  # 16 runs per task: 8 arms x the 2 tuning seeds
 TUNE_SEEDS = (100, 101)
+STAGE1 = sum(map(len, RULES.values())) * len(TUNE_SEEDS)  # 16 runs per task: 8 arms x the 2 tuning seeds
 WARM_STARTS, SEEDS = (0, 1, 2), (0, 1)
 ALPHA, DETECTABLE = 0.05, 0.05  # the plan's detectable effect: a difference inside it is "not distinguishable"
 TUNE_KEY, TEST_KEY = ("arm", "seed"), ("arm", "model.warmstart.seed", "seed")
@@ -89,7 +89,7 @@ def choose(rows: list[dict], where: str, edge_rows: list[dict] = (), edge_where:
                 raise ValueError(f"{name} line {i}: ({arm}, seed {seed}) is not in its stage 1 sweep's grid (arms "
                                  f"{', '.join(arms)}; seeds {', '.join(map(str, TUNE_SEEDS))})")
             values[arm][seed] = stale_rerun._value(r, "val_mean_at_16", f"{name} line {i}")
-            rule = "drift" if arm in GRID["drift"] + EDGE["drift"] else "ess"
+            rule = next(name for name, group in RULES.items() if arm in group)
             refreshes[arm].append(float(r.get(f"{rule}_refreshes") or 0))
     cells = {a: (*stats.mean_se(list(v.values())), len(v), sum(refreshes[a]) / len(v)) if v
              else (math.nan, math.nan, 0, math.nan) for a, v in values.items()}
