@@ -14,8 +14,17 @@ import threading
 import time
 
 import pytest
-from slow_funcs import exit_on_marker, raise_on_marker, regex_bomb_on_marker, score_in_child, spin_on_marker
+from slow_funcs import (
+    exit_on_marker,
+    raise_on_marker,
+    regex_bomb_on_marker,
+    score_in_child,
+    spin_for_seconds,
+    spin_on_marker,
+    swallow_one_interrupt_on_marker,
+)
 
+from grpolab.verifiers import timeout
 from grpolab.verifiers.math import MathVerifier
 from grpolab.verifiers.reward import Verifier
 
@@ -63,6 +72,46 @@ def test_thread_watchdog_cuts_a_python_hang_off_the_main_thread():
     assert out.per_func["slow"] == [1.0, None, 1.0, 1.0]
     assert (out.num_timeouts, out.num_unscorable) == (1, 1)
     assert _wait_no_reward_threads(before), "the abandoned scoring thread kept running"
+
+
+def test_thread_watchdog_interrupts_again_when_code_swallows_the_first_interrupt():
+    """An interrupt that lands under a bare ``except:`` is lost (mpmath has several, around calls); left at one
+    interrupt, the cut call spins on for 60 s. The watchdog interrupts again until the thread has stopped."""
+    rm = Verifier({"slow": swallow_one_interrupt_on_marker}, timeout_s=0.5, num_workers=0)
+    before = frozenset(_reward_threads_alive())
+    out = _in_thread(lambda: rm(["ok", "HANG", "ok"], answer=["1"] * 3))
+    assert out.rewards == [1.0, None, 1.0] and out.num_timeouts == 1
+    cut = [t for t in threading.enumerate() if t.name == "grpolab-reward" and t not in before]
+    ended, spent = _cpu_until_the_new_threads_end(before, 60.0)
+    assert ended and spent < 5.0, f"the cut call ran on: {spent:.1f} CPU s after the cut (ended: {ended})"
+    assert [t.num_interrupts for t in cut if t.num_interrupts] == [2]  # the swallowed one, and the one that stopped it
+
+
+def test_no_interrupt_escapes_a_scoring_thread(monkeypatch):
+    """Interrupts issued back to back, with the threads taking turns at nearly every bytecode, into scoring threads
+    cut inside their call, as it ends, or after it: each thread stops inside its own code and none raises past it
+    (no thread exception, no unraisable one), because no interrupt is issued after a thread's stop and any pending
+    one is cleared there."""
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(repr(args.exc_value)))
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: escaped.append(repr(u.exc_value)))
+    issued, switch = 0, sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for trial in range(24):
+            item = ("slow", (["0.05"],), {"answer": ["1"]})
+            thread = timeout._ScoringThread({"slow": spin_for_seconds}, [item], 0)
+            thread.start()
+            time.sleep(0.01 * (trial % 7))  # 0 to 60 ms: inside the 50 ms call, at its end, after it
+            while thread.interrupt():
+                pass
+            thread.join(10)
+            assert not thread.is_alive()
+            issued += thread.num_interrupts
+    finally:
+        sys.setswitchinterval(switch)
+    assert escaped == []
+    assert issued >= 12  # the cuts did land inside running threads
 
 
 def test_thread_watchdog_cuts_a_slow_math_verify_comparison():
