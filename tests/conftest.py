@@ -114,8 +114,7 @@ def tiny_sweep(tmp_path_factory, worker_id) -> Path:
     lock in the session's common temporary folder): ``sweeps/onoff_small.yaml`` with ``arm=k1,k2 seed=0,1``, 4 steps
     of a small random model, a validation every 2 steps and the final eval (2 samples). Read it, never change it:
     copy it first (tests/test_report.py, tests/test_sweeps_notebook.py)."""
-    import subprocess
-
+    import forkrun
     from filelock import FileLock
 
     root = tmp_path_factory.getbasetemp()
@@ -128,7 +127,7 @@ def tiny_sweep(tmp_path_factory, worker_id) -> Path:
                    "trainer.val_check_interval=2", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={out / 'cache'}",
                    "final_eval.enabled=true", "final_eval.num_samples=2"]  # the claim table needs the test score
             env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+            proc = forkrun.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
             assert proc.returncode == 0, proc.stderr[-3000:]
             (out / "done").write_text("")
     return sweep

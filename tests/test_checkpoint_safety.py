@@ -3,9 +3,9 @@ preflight (train) and by eval with a one-line error naming the path, on the comm
 command never runs; the project's own checkpoints still load, resume and evaluate."""
 
 import os
-import subprocess
 import sys
 
+import forkrun
 import pytest
 import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
@@ -78,7 +78,7 @@ def test_entry_points_refuse_a_checkpoint_that_runs_code_in_one_line(tmp_path, c
     overrides = FAST_OVERRIDES if script == "src/train.py" else [o for o in FAST_OVERRIDES if o.startswith("model.")]
     cmd = [sys.executable, script, f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'run'}",
            f"paths.cache_dir={tmp_path / 'cache'}", *overrides]
-    out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    out = forkrun.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert not marker.exists(), "the checkpoint's pickle ran a command"
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]

@@ -12,6 +12,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import forkrun
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
@@ -52,7 +53,7 @@ def _run(tmp, name: str) -> subprocess.CompletedProcess:
             env.pop(var, None)
     cmd = [sys.executable, script, *args, f"hydra.run.dir={tmp / name}", f"hydra.sweep.dir={tmp / name}",
            f"paths.cache_dir={tmp / 'cache'}"]
-    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    return forkrun.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkrun
 import pytest
 import torch
 from test_interrupt import ENV, REPO_ROOT, _cmd
@@ -71,7 +72,7 @@ def test_ctrl_c_through_tee_saves_and_the_printed_resume_line_continues_the_run(
     argv = shlex.split(line)
     assert argv[0] == "python" and f"trainer.max_steps={MAX_STEPS}" in argv and f"ckpt_path={ckpt}" in argv
     resumed = tmp_path / "resumed"
-    res = subprocess.run([sys.executable, *argv[1:], f"hydra.run.dir={resumed}"], cwd=REPO_ROOT, env=ENV,
+    res = forkrun.run([sys.executable, *argv[1:], f"hydra.run.dir={resumed}"], cwd=REPO_ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((resumed / "summary.json").read_text())

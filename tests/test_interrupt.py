@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkrun
 import pytest
 import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
@@ -33,7 +34,7 @@ def _cmd(out: Path, *overrides: str) -> list[str]:
 
 def _train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
     """Run src/train.py to the end in a fresh process (one torch thread, as the interrupted runs)."""
-    return subprocess.run(_cmd(out, *overrides), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    return forkrun.run(_cmd(out, *overrides), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=240)
 
 
 def _interrupt(out: Path, sig: signal.Signals, group: bool, after_rows: int = 3) -> tuple[int, str]:

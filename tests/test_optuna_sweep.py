@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import forkrun
 import pytest
 import yaml
 from conftest import FAST_OVERRIDES, REPO_ROOT
@@ -155,7 +156,7 @@ def test_a_ctrl_c_mid_trial_is_resumed_by_the_rerun_and_more_trials_continue_the
     assert rerun[:3] == ["python", "src/train.py", "-m"] and "optuna_lr" in rerun, rerun
     assert rerun[-1] == f"hydra.sweep.dir={sweep}" and "hydra.sweeper.n_trials=2" in rerun
     # that command (the same command): trial 1 runs again in its folder, resumed from its last.ckpt; no new trial
-    rerun = subprocess.run([sys.executable, *rerun[1:]], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+    rerun = forkrun.run([sys.executable, *rerun[1:]], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
                            timeout=300)
     log = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, log[-3000:]
@@ -170,7 +171,7 @@ def test_a_ctrl_c_mid_trial_is_resumed_by_the_rerun_and_more_trials_continue_the
     assert len([p for p in sweep.iterdir() if p.is_dir()]) == 2
     # the same command with more trials: one new trial, numbered on (its folder is 2_..., not a second 0_...)
     before = {t.number: t for t in after}
-    again = subprocess.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+    again = forkrun.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
                            timeout=300)
     log = again.stdout + again.stderr
     assert again.returncode == 0, log[-3000:]
@@ -189,7 +190,7 @@ def test_a_ctrl_c_mid_trial_is_resumed_by_the_rerun_and_more_trials_continue_the
     best = max(trials, key=lambda t: t.value)
     assert results["best_value"] == best.value and results["best_params"] == best.params
     # the whole study again: nothing left to run, nothing launched
-    done = subprocess.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+    done = forkrun.run(_cmd(sweep, steps, trials=3), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "Launching" not in done.stdout + done.stderr
     assert len(_study(sweep).trials) == 3

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import forkrun
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 from omegaconf import open_dict
@@ -112,13 +113,13 @@ def test_a_rerun_with_other_weights_and_a_second_rerun_at_once_start_nothing(tmp
     to skip the job as finished and rewrite its config record; a second rerun of a running sweep trained the same
     job twice into one folder."""
     sweep = tmp_path / "sweep"
-    first = subprocess.run(_cmd("-m", "seed=0", *SHORT, f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
+    first = forkrun.run(_cmd("-m", "seed=0", *SHORT, f"hydra.sweep.dir={sweep}"), cwd=REPO_ROOT, env=ENV,
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     job = next(sweep.glob("0_*"))
     record = (job / ".hydra" / "config.yaml").read_text()
     args = ["-m", "seed=0", *SHORT, f"model.path={tmp_path / 'other'}", f"hydra.sweep.dir={sweep}"]
-    other = subprocess.run(_cmd(*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"), cwd=REPO_ROOT, env=ENV,
+    other = forkrun.run(_cmd(*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"), cwd=REPO_ROOT, env=ENV,
                            capture_output=True, text=True, timeout=300)
     log = other.stdout + other.stderr
     assert "this job folder holds a run with other settings (model.path=None there" in log, log[-3000:]
@@ -137,7 +138,7 @@ def test_a_rerun_with_other_weights_and_a_second_rerun_at_once_start_nothing(tmp
         while not _trained(long, "0_*", 1):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        second = subprocess.run(_cmd(*args), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        second = forkrun.run(_cmd(*args), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
         log = second.stdout + second.stderr
         assert f"this job is running in another process (pid {proc.pid})" in log, log[-3000:]
         assert second.returncode == 0  # the job's result will come: the other process trains it
@@ -189,12 +190,12 @@ def test_a_grid_extended_by_a_seed_trains_none_of_its_finished_jobs_again(tmp_pa
     to 2; it used to train again from scratch into a second folder."""
     sweep = tmp_path / "sweep"
     grid = ["-m", "algo.learning_rate=1e-4,2e-4", *SHORT, f"hydra.sweep.dir={sweep}"]
-    first = subprocess.run(_cmd(*grid, "seed=0"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+    first = forkrun.run(_cmd(*grid, "seed=0"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
                            timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     (before,) = sweep.glob("1_seed-0+*0.0002*")
     policy = (before / "policy" / "model.safetensors").read_bytes()
-    extended = subprocess.run(_cmd(*grid, "seed=0,1"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+    extended = forkrun.run(_cmd(*grid, "seed=0,1"), cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
                               timeout=600)
     log = extended.stdout + extended.stderr
     assert extended.returncode == 0, log[-3000:]

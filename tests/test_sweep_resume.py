@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkrun
 import pytest
 import torch
 from conftest import FAST_OVERRIDES, REPO_ROOT
@@ -147,7 +148,7 @@ def test_a_rerun_skips_the_finished_job_and_resumes_the_interrupted_one(tmp_path
     rerun = shlex.split(status.splitlines()[-1])  # the printed rerun of the same command into the same folder
     assert rerun[:3] == ["python", "src/train.py", "-m"] and rerun[-1] == f"hydra.sweep.dir={sweep}"
     # the same command again, two jobs at once (every core): job 0 is skipped, job 1 resumes from its last.ckpt
-    res = subprocess.run([sys.executable, *rerun[1:], "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+    res = forkrun.run([sys.executable, *rerun[1:], "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
                          cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     log = res.stdout + res.stderr
@@ -156,7 +157,7 @@ def test_a_rerun_skips_the_finished_job_and_resumes_the_interrupted_one(tmp_path
     assert _files(job0) == before  # not rerun: not one file rewritten
     assert (job0 / ".hydra" / "config.yaml").exists() and (job0 / ".hydra" / "overrides.yaml").exists()
     # the resumed job ends as the uninterrupted run of the same seed: weights bit for bit, summary, metrics.csv
-    done = subprocess.run(_cmd("seed=1", f"hydra.run.dir={ref}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
+    done = forkrun.run(_cmd("seed=1", f"hydra.run.dir={ref}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = load_file(ref / "policy" / "model.safetensors"), load_file(job1 / "policy" / "model.safetensors")
@@ -180,7 +181,7 @@ def test_a_rerun_skips_the_finished_job_and_resumes_the_interrupted_one(tmp_path
     policy0 = (job0 / "policy" / "model.safetensors").read_bytes()
     (job0 / "summary.json").unlink()
     shutil.rmtree(job0 / "policy")
-    again = subprocess.run([sys.executable, *rerun[1:]], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
+    again = forkrun.run([sys.executable, *rerun[1:]], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"sweep job {job0.name} trained all {TOTAL} steps but stopped before its summary: finishing from" in (

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkrun
 import torch
 from certain_reward import varied
 from conftest import FAST_OVERRIDES, REPO_ROOT
@@ -26,7 +27,7 @@ def train(out: Path, *overrides: str, timeout: int = 150) -> subprocess.Complete
            "GRPOLAB_CACHE": str(out / "cache")}
     cmd = [sys.executable, str(REPO_ROOT / "src" / "train.py"), *FAST_OVERRIDES, f"hydra.run.dir={out}",
            f"+callbacks.audit.out={out / 'audit'}", *overrides]
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return forkrun.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _weights(out: Path, rank: int) -> dict[str, torch.Tensor]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import socket
 
+import forkrun
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from conftest import TINY_ARCH
 
 from grpolab.algo.aggregation import step_denominator
@@ -88,7 +88,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ddp_grads(tmp_path_factory) -> list[dict[str, torch.Tensor]]:
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    forkrun.spawn(_worker, (_free_port(), str(out)), 2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

@@ -7,10 +7,10 @@ import copy
 import os
 import socket
 
+import forkrun
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from conftest import TINY_ARCH
 
 from grpolab.distributed import is_sharded, shard_models
@@ -66,7 +66,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("fsdp_state")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=2, join=True)
+    forkrun.spawn(_worker, (_free_port(), str(out)), 2)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

@@ -1,9 +1,9 @@
 """src/eval.py end to end on a small trained run: a policy/ folder, a Lightning checkpoint, the val split."""
 
 import json
-import subprocess
 import sys
 
+import forkrun
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT, compose_train_cfg
 
@@ -93,7 +93,7 @@ def test_invalid_settings_name_the_key_before_any_model_is_built(tmp_path, overr
 def test_cli_writes_eval_json_and_shows_progress(trained_run, tmp_path):
     run, _ = trained_run
     out = tmp_path / "cli"
-    proc = subprocess.run(
+    proc = forkrun.run(
         [sys.executable, "src/eval.py", f"model.path={run / 'policy'}", *MODEL_DATA, "eval.num_samples=2",
          "eval.max_prompts=4", f"hydra.run.dir={out}"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forkrun
 import pandas as pd
 import pytest
 import torch
@@ -63,7 +63,7 @@ def test_a_rule_from_the_test_folder_is_chosen_on_the_command_line(tmp_path):
            "GRPOLAB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     cmd = [sys.executable, "src/train.py", *COMMON, "trainer.max_steps=4", f"hydra.run.dir={tmp_path}",
            "rollout/refresh=[steps,reward_record]"]
-    res = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    res = forkrun.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["refresh_rules"] == ["steps", "reward_record"] and summary["refresh"] == "adaptive"

@@ -9,10 +9,10 @@ import os
 import socket
 from functools import partial
 
+import forkrun
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -80,7 +80,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(out)), nprocs=2, join=True)
+    forkrun.spawn(_worker, (port, str(out)), 2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
+import forkrun
 import pandas as pd
 import pytest
 import torch
@@ -114,7 +114,7 @@ def test_train_py_prints_one_line_with_the_resume_command_and_exits_1(tmp_path, 
            "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     tag = 'tags=["first try"]'  # a value with a space: the printed command must quote it for the shell
-    out = subprocess.run([sys.executable, str(REPO_ROOT / "src" / "train.py"), *COMMON, *failing, tag,
+    out = forkrun.run([sys.executable, str(REPO_ROOT / "src" / "train.py"), *COMMON, *failing, tag,
                           f"hydra.run.dir={tmp_path}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 1, out.stderr[-3000:]
