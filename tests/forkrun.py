@@ -1,29 +1,30 @@
-"""``subprocess.run`` for ``python src/train.py`` and ``python src/eval.py``, forked from a process that has already
-imported the training stack.
+"""``subprocess.run`` and ``subprocess.Popen`` for ``python src/train.py`` and ``python src/eval.py``, forked from a
+process that has already imported the training stack.
 
 Every ``src/train.py`` process spends about 7 CPU s importing torch, Lightning (which imports ``torch._dynamo`` and
 torchmetrics, which imports ``scipy.signal``) and transformers before its first step, far more than a tiny test run
-trains. :func:`run` takes the same arguments as :func:`subprocess.run` and, for a plain run of one of the two entry
-points of this checkout, asks a *fork server* (this file run as a script, one per xdist worker and import-time
-environment) to fork a child that sets up the request's working folder, environment, arguments and output files, runs
-the script as ``__main__`` (:func:`runpy.run_path`) and exits as the interpreter would (non-daemon threads joined,
-``atexit`` handlers run, streams flushed). The server imports and does nothing else: no tensor, no thread, no
-logging set-up, so a child starts from the state a fresh interpreter reaches after the same imports.
+trains. :func:`run` and :func:`Popen` take the arguments of their :mod:`subprocess` namesakes and, for a run of one
+of the two entry points of this checkout, ask a *fork server* (this file run as a script: one per xdist worker and
+import-time environment, started on first use) to fork a child that opens the requested outputs, becomes a session
+leader if asked (``start_new_session``), takes the request's working folder, environment and arguments, runs the
+script as ``__main__`` (:func:`runpy.run_path`) and exits as the interpreter would (non-daemon threads joined,
+``atexit`` handlers run, streams flushed; an uncaught KeyboardInterrupt dies by SIGINT). The server imports and
+does nothing else: one thread, no tensor, no logging set-up, the interpreter's own signal handlers, so a child starts
+from the state a fresh interpreter reaches after the same imports, and a signal reaches it as it would that one.
 
-What a child does not share with a fresh ``python src/train.py``: warnings and prints of the imports themselves
-(they went to the server's stderr once), and environment variables read at import time. So a request whose
-import-time environment (:data:`IMPORT_TIME_VARS`) differs from the server's gets a server of its own, and these
-run as real processes (:func:`subprocess.run` itself): any other command, a script outside this checkout's ``src/``,
-``input=``, ``GRPOLAB_TEST_FORK=0`` in the environment. Tests whose subject is the process (signals to a process
-group, a real shell, the console output, import-time warnings, exit codes of a dying interpreter) call
-:mod:`subprocess` directly.
+What a child does not share with a fresh ``python src/train.py``: warnings and prints of the imports themselves (they
+went to the server's stderr once), and environment variables read at import time. So a request whose import-time
+environment (:data:`IMPORT_TIME_VARS`) differs from the server's gets a server of its own, and these run as real
+processes (:mod:`subprocess` itself): any other command, a script outside this checkout's ``src/``, an argument not
+listed in the docstrings below, and everything when ``GRPOLAB_TEST_FORK=0`` is set. Tests whose subject is the
+interpreter itself (a real shell running the README's blocks, the console output and import-time warnings, the exit
+collection, a closed stdout, a SLURM job, a DDP rank Lightning starts) call :mod:`subprocess` directly.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -44,35 +45,53 @@ def _import_time_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 class _Server:
-    """One fork server: a child process of this one, requests on its stdin, replies on its stdout (JSON lines)."""
+    """One fork server: a child process of this one; requests on its stdin, replies on its stdout (JSON lines), read
+    by a thread here: ``{"id": n, "pid": pid}`` once a request's child is forked, ``{"pid": pid, "status": code}``
+    when it has exited."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__], cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
-        self.lock = threading.Lock()
-        if self._read(None) != {"ready": True}:
-            raise RuntimeError("the fork server did not start")
+        if self.proc.stdout.readline().strip() != json.dumps({"ready": True}):
+            raise RuntimeError(f"the fork server did not start ({self.proc.poll()})")
+        self.changed = threading.Condition()
+        self.pids: dict[int, int] = {}
+        self.status: dict[int, int] = {}
+        self.next_id = 0
+        threading.Thread(target=self._read_replies, name="forkrun-replies", daemon=True).start()
 
-    def _read(self, timeout: float | None) -> dict | None:
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
-        return json.loads(line)
+    def _read_replies(self) -> None:
+        for line in self.proc.stdout:
+            reply = json.loads(line)
+            with self.changed:
+                if "id" in reply:
+                    self.pids[reply["id"]] = reply["pid"]
+                else:
+                    self.status[reply["pid"]] = reply["status"]
+                self.changed.notify_all()
+        with self.changed:  # the server is gone: nothing more will come
+            self.pids.setdefault(-1, -1)
+            self.changed.notify_all()
 
-    def run(self, argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, timeout: float | None) -> int:
-        with self.lock:
-            self.proc.stdin.write(json.dumps({"argv": argv, "cwd": cwd, "env": env, "out": out, "err": err}) + "\n")
-            pid = self._read(None)["pid"]
-            reply = self._read(timeout)
-            if reply is None:
-                os.kill(pid, signal.SIGKILL)
-                self._read(None)
-                raise subprocess.TimeoutExpired(argv, timeout)
-            return reply["status"]
+    def start(self, request: dict) -> int:
+        """Send ``request``; return the forked child's pid."""
+        with self.changed:
+            rid = self.next_id = self.next_id + 1
+            self.proc.stdin.write(json.dumps({**request, "id": rid}) + "\n")
+            self.proc.stdin.flush()
+            self.changed.wait_for(lambda: rid in self.pids or -1 in self.pids)
+            if rid not in self.pids:
+                raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
+            return self.pids.pop(rid)
+
+    def wait(self, pid: int, timeout: float | None) -> int | None:
+        """The child's exit status (negative: killed by that signal), or None if it runs past ``timeout``."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: pid in self.status or -1 in self.pids, timeout):
+                return None
+            if pid not in self.status:
+                raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
+            return self.status[pid]
 
 
 _servers: dict[tuple, _Server] = {}
@@ -87,12 +106,104 @@ def _server(env: dict[str, str]) -> _Server:
         return _servers[key]
 
 
-def _forkable(cmd, kwargs: dict) -> bool:
-    if not isinstance(cmd, (list, tuple)) or len(cmd) < 2 or cmd[0] != sys.executable or kwargs.get("input"):
+def _forkable(cmd, cwd, env) -> bool:
+    if not isinstance(cmd, (list, tuple)) or len(cmd) < 2 or cmd[0] != sys.executable:
         return False
-    script = Path(kwargs.get("cwd") or os.getcwd(), cmd[1]).resolve()
-    env = kwargs.get("env") or os.environ
-    return script in SCRIPTS and env.get("GRPOLAB_TEST_FORK", "1") != "0" and not kwargs.get("shell")
+    script = Path(cwd or os.getcwd(), cmd[1]).resolve()
+    return script in SCRIPTS and (os.environ if env is None else env).get("GRPOLAB_TEST_FORK", "1") != "0"
+
+
+_PIPES = (None, subprocess.PIPE, subprocess.DEVNULL)
+
+
+class ForkedPopen:
+    """The part of :class:`subprocess.Popen` the tests use, for a child of a fork server: ``pid``, ``returncode``,
+    ``stdout``/``stderr`` (named pipes when ``PIPE``, read as a pipe), ``poll``, ``wait``, ``communicate``,
+    ``send_signal``, ``terminate``, ``kill``; a context manager. ``start_new_session=True`` makes the child a session
+    (and process group) leader, as :class:`subprocess.Popen` does."""
+
+    def __init__(self, cmd, *, cwd=None, env=None, stdout=None, stderr=None, text: bool = False,
+                 start_new_session: bool = False) -> None:
+        self.args, self.returncode = cmd, None
+        self._tmp = tempfile.TemporaryDirectory(prefix="forkrun-")
+        env = dict(os.environ if env is None else env)
+        paths = {}
+        for name, dest in (("out", stdout), ("err", stderr)):
+            if dest == subprocess.PIPE:
+                paths[name] = os.path.join(self._tmp.name, name)
+                os.mkfifo(paths[name])
+            elif dest == subprocess.STDOUT:
+                paths[name] = paths["out"]
+            elif dest == subprocess.DEVNULL:
+                paths[name] = os.devnull
+            else:  # inherited: a file shown when the child has ended
+                paths[name] = os.path.join(self._tmp.name, name + ".log")
+        self._shown = [(p, sys.stdout if n == "out" else sys.stderr) for n, p in paths.items() if p.endswith(".log")]
+        self._server = _server(env)
+        self.pid = self._server.start({"argv": [str(c) for c in cmd[1:]], "cwd": str(Path(cwd or os.getcwd()).resolve()),
+                                       "env": env, "out": paths["out"], "err": paths["err"],
+                                       "session": start_new_session})
+        mode = "r" if text else "rb"  # the child opens its outputs first of all, in this order
+        self.stdout = open(paths["out"], mode) if stdout == subprocess.PIPE else None  # noqa: SIM115
+        self.stderr = open(paths["err"], mode) if stderr == subprocess.PIPE else None  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self.returncode is None else self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is None:
+            status = self._server.wait(self.pid, timeout)
+            if status is None:
+                if timeout == 0:
+                    return None
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = status
+            for path, stream in self._shown:
+                if os.path.exists(path):
+                    stream.write(Path(path).read_text(errors="replace"))
+            self._shown = []
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple:
+        """Read what is left of the piped outputs, then wait (``timeout`` bounds the wait, not the reading)."""
+        out = self.stdout.read() if self.stdout else None
+        err = self.stderr.read() if self.stderr else None
+        self.wait(timeout)
+        for stream in (self.stdout, self.stderr):
+            if stream:
+                stream.close()
+        return out, err
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> ForkedPopen:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream:
+                stream.close()
+        self.wait()
+        self._tmp.cleanup()
+
+
+def Popen(cmd, **kwargs):  # noqa: N802 - named as the class it stands in for
+    """:class:`subprocess.Popen`, forked from a server that has imported the stack when ``cmd`` runs one of this
+    checkout's entry points (see the module docstring) and only ``cwd``, ``env``, ``stdout``/``stderr`` (``PIPE``,
+    ``DEVNULL``, ``STDOUT``, inherited), ``text`` and ``start_new_session`` are given; else a real process."""
+    allowed = {"cwd", "env", "stdout", "stderr", "text", "start_new_session"}
+    if (set(kwargs) - allowed or not _forkable(cmd, kwargs.get("cwd"), kwargs.get("env"))
+            or kwargs.get("stdout") not in _PIPES or kwargs.get("stderr") not in (*_PIPES, subprocess.STDOUT)):
+        return subprocess.Popen(cmd, **kwargs)
+    return ForkedPopen(cmd, **kwargs)
 
 
 def run(cmd, *, capture_output: bool = False, text: bool = False, timeout: float | None = None, check: bool = False,
@@ -100,38 +211,43 @@ def run(cmd, *, capture_output: bool = False, text: bool = False, timeout: float
     """:func:`subprocess.run`, forked from a server that has imported the stack when ``cmd`` is
     ``[sys.executable, <this checkout>/src/{train,eval}.py, ...]`` (see the module docstring), else passed on.
 
-    Supports ``capture_output``/``stdout``/``stderr`` of ``PIPE`` or ``DEVNULL``, ``text``, ``timeout``, ``check``,
-    ``cwd`` and ``env``; anything else goes to a real process.
+    Supports ``capture_output``/``stdout``/``stderr`` (``PIPE``, ``DEVNULL``, ``STDOUT``, inherited), ``text``,
+    ``timeout``, ``check``, ``cwd`` and ``env``; anything else goes to a real process.
 
     Raises:
         subprocess.TimeoutExpired: the run took longer than ``timeout`` (the child is killed).
         subprocess.CalledProcessError: ``check`` and a non-zero exit status.
     """
-    plain = (stdout in (None, subprocess.PIPE, subprocess.DEVNULL) and stderr in (None, subprocess.PIPE,
-                                                                                 subprocess.DEVNULL, subprocess.STDOUT))
-    passed = dict(capture_output=capture_output, text=text, timeout=timeout, check=check, cwd=cwd, env=env,
-                  stdout=stdout, stderr=stderr, **kwargs)
-    if kwargs or not plain or not _forkable(cmd, passed):
-        if capture_output:
-            passed.pop("stdout"), passed.pop("stderr")
-        return subprocess.run(cmd, **passed)
+    if capture_output:
+        stdout = stderr = subprocess.PIPE
+    if (kwargs or not _forkable(cmd, cwd, env) or stdout not in _PIPES
+            or stderr not in (*_PIPES, subprocess.STDOUT)):
+        return subprocess.run(cmd, text=text, timeout=timeout, check=check, cwd=cwd, env=env, stdout=stdout,
+                              stderr=stderr, **kwargs)
     env = dict(os.environ if env is None else env)
-    cwd = str(Path(cwd or os.getcwd()).resolve())
-    want_out = capture_output or stdout == subprocess.PIPE
-    want_err = capture_output or stderr == subprocess.PIPE
-    with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:
-        out = os.path.join(tmp, "out")
-        err = out if stderr == subprocess.STDOUT else os.path.join(tmp, "err")
-        status = _server(env).run([str(c) for c in cmd[1:]], cwd, env, out if want_out or stdout is None else os.devnull,
-                                  err if want_err or stderr is None else os.devnull, timeout)
+    server = _server(env)
+    with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:  # files, not pipes: nothing to read while it runs
+        paths = {}
+        for name, dest in (("out", stdout), ("err", stderr)):
+            paths[name] = {subprocess.DEVNULL: os.devnull, subprocess.STDOUT: paths.get("out")}.get(
+                dest, os.path.join(tmp, name))
+        pid = server.start({"argv": [str(c) for c in cmd[1:]], "cwd": str(Path(cwd or os.getcwd()).resolve()),
+                            "env": env, "out": paths["out"], "err": paths["err"], "session": False})
+        status = server.wait(pid, timeout)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            server.wait(pid, None)
+            raise subprocess.TimeoutExpired(cmd, timeout)
         got = {}
-        for name, path, want, dest in (("stdout", out, want_out, stdout), ("stderr", err, want_err, stderr)):
-            if want and os.path.exists(path):
+        for name, dest in (("out", stdout), ("err", stderr)):
+            path = paths[name]
+            if dest in (None, subprocess.PIPE) and os.path.exists(path):
                 data = Path(path).read_bytes()
-                got[name] = data.decode() if text else data
-            elif dest is None and os.path.exists(path) and path != os.devnull:  # not captured: show it as a run would
-                (sys.stdout if name == "stdout" else sys.stderr).write(Path(path).read_text(errors="replace"))
-    proc = subprocess.CompletedProcess(cmd, status, got.get("stdout"), got.get("stderr"))
+                if dest is None:  # not captured: shown as a run's own output would be
+                    (sys.stdout if name == "out" else sys.stderr).write(data.decode(errors="replace"))
+                else:
+                    got[name] = data.decode() if text else data
+    proc = subprocess.CompletedProcess(cmd, status, got.get("out"), got.get("err"))
     if check:
         proc.check_returncode()
     return proc
@@ -150,8 +266,10 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
 
     import torch.multiprocessing as mp
 
-    multiprocessing.set_forkserver_preload(list(PRELOAD[:3]))
-    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    fork = os.environ.get("GRPOLAB_TEST_FORK", "1") != "0"
+    if fork:
+        multiprocessing.set_forkserver_preload(list(PRELOAD[:3]))
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver" if fork else "spawn")
 
 
 # ------------------------------------------------------------------------------------------------------ the server
@@ -162,17 +280,19 @@ def _child(req: dict) -> None:
 
     code = 1
     try:
+        # the outputs first, in this order: a client reading a named pipe waits in open() for this end
+        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        err = out if req["err"] == req["out"] else os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        if req["session"]:
+            os.setsid()
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        err = out if req["err"] == req["out"] else os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
         script = os.path.abspath(req["argv"][0])
-        sys.argv = [req["argv"][0], *req["argv"][1:]]
+        sys.argv = list(req["argv"])
         sys.path[0] = os.path.dirname(script)
         try:
             runpy.run_path(script, run_name="__main__")
@@ -182,36 +302,58 @@ def _child(req: dict) -> None:
                 code = e.code or 0
             else:
                 print(e.code, file=sys.stderr)
+        except KeyboardInterrupt:  # as the interpreter: the traceback, then death by SIGINT
+            sys.excepthook(*sys.exc_info())
+            code = -signal.SIGINT
         except BaseException:  # noqa: BLE001 - printed as the interpreter prints an uncaught exception
             sys.excepthook(*sys.exc_info())
-        threading._shutdown()  # noqa: SLF001 - the interpreter's own exit step: join non-daemon threads
-        atexit._run_exitfuncs()  # noqa: SLF001
+        threading._shutdown()  # noqa: SLF001 - the interpreter's own exit steps: join non-daemon threads,
+        atexit._run_exitfuncs()  # noqa: SLF001 - run the atexit handlers, flush the streams
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
+        if code == -signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
     finally:
         os._exit(code if 0 <= code < 256 else 1)
 
 
 def _serve() -> None:
+    """Import :data:`PRELOAD`, say ready, then fork a child per request line on stdin and report each child's pid
+    and, once it has exited, its status (``os.waitstatus_to_exitcode``). One thread: nothing runs beside a fork."""
     import importlib
+    import select
 
     for name in PRELOAD:
         importlib.import_module(name)
     reply = sys.stdout
     print(json.dumps({"ready": True}), file=reply, flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        reply.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(req)
-        print(json.dumps({"pid": pid}), file=reply, flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
+    pending, children = b"", set()
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.05)
+        if readable:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:  # the test process has gone: so do we (children already forked run on)
+                return
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                req = json.loads(line)
+                reply.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(req)
+                children.add(pid)
+                print(json.dumps({"id": req["id"], "pid": pid}), file=reply, flush=True)
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                print(json.dumps({"pid": pid, "status": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
 
 
 if __name__ == "__main__":

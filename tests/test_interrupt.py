@@ -40,7 +40,7 @@ def _train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
 def _interrupt(out: Path, sig: signal.Signals, group: bool, after_rows: int = 3) -> tuple[int, str]:
     """Start a long run in its own session, wait until metrics.csv has ``after_rows`` steps, send ``sig`` to its
     process group (``group``) or to the process alone. Returns the exit status and the output."""
-    proc = subprocess.Popen(_cmd(out, "trainer.max_steps=1000"), cwd=REPO_ROOT, env=ENV, start_new_session=True,
+    proc = forkrun.Popen(_cmd(out, "trainer.max_steps=1000"), cwd=REPO_ROOT, env=ENV, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics, deadline = out / "metrics.csv", time.monotonic() + 180
     try:

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import forkrun
 import pytest
 import torch
 from test_interrupt import ENV, REPO_ROOT, _cmd
@@ -22,7 +23,7 @@ def _signal_at(out: Path, marker: str, sig: signal.Signals, group: bool, *overri
     """Start train.py in its own session, read its output until a line holds ``marker``, send ``sig`` (to the
     process group when ``group``, as a terminal's Ctrl-C; else to the process alone, as SLURM's SIGTERM).
     Returns the exit status and the whole output."""
-    proc = subprocess.Popen(_cmd(out, *LONG_VAL, *overrides), cwd=REPO_ROOT, env=ENV, start_new_session=True,
+    proc = forkrun.Popen(_cmd(out, *LONG_VAL, *overrides), cwd=REPO_ROOT, env=ENV, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, deadline = [], time.monotonic() + 180
     try:

@@ -124,7 +124,7 @@ def test_a_ctrl_c_mid_trial_is_resumed_by_the_rerun_and_more_trials_continue_the
     """One study through its life: a Ctrl-C mid-trial, the rerun that resumes it, the same command with more
     trials (one new trial, the others kept), and once more (nothing to run)."""
     sweep, steps = tmp_path / "study", 16
-    proc = subprocess.Popen(_cmd(sweep, steps, trials=2), cwd=REPO_ROOT, env=ENV, start_new_session=True,
+    proc = forkrun.Popen(_cmd(sweep, steps, trials=2), cwd=REPO_ROOT, env=ENV, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     try:  # SIGINT to the sweep's process group (Ctrl-C) once trial 1 has trained a few steps

@@ -131,7 +131,7 @@ def test_a_rerun_with_other_weights_and_a_second_rerun_at_once_start_nothing(tmp
     # a long job in one process; the same command again from a second: refused while the first runs
     long = tmp_path / "long"
     args = ["-m", "seed=0", "trainer.max_steps=1000", f"hydra.sweep.dir={long}"]
-    proc = subprocess.Popen(_cmd(*args), cwd=REPO_ROOT, env=ENV, start_new_session=True,
+    proc = forkrun.Popen(_cmd(*args), cwd=REPO_ROOT, env=ENV, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240

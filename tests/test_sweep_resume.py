@@ -98,7 +98,7 @@ def test_two_hard_kills_in_a_row_keep_every_row_before_the_second_checkpoint(tmp
 def _sigint_when(args: list[str], ready, what: str) -> str:
     """Run ``src/train.py <args>`` in its own process group; SIGINT the group once ``ready()`` (or fail after 240 s
     naming ``what``). Asserts the sweep exits 130; returns its output."""
-    proc = subprocess.Popen(_cmd(*args), cwd=REPO_ROOT, env=ENV, start_new_session=True, stdout=subprocess.PIPE,
+    proc = forkrun.Popen(_cmd(*args), cwd=REPO_ROOT, env=ENV, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     try:
