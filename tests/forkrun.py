@@ -41,7 +41,10 @@ PRELOAD = ("torch", "lightning.pytorch", "transformers", "hydra", "omegaconf", "
 
 
 def _import_time_env(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_VARS)))
+    """The variables a server's imports read; ``PYTHONPATH`` is not one: a child puts its entries on ``sys.path``
+    itself, where the interpreter would (after the script's folder), and none of them holds a module the server
+    imported."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_VARS) and k != "PYTHONPATH"))
 
 
 class _Server:
@@ -50,6 +53,7 @@ class _Server:
     when it has exited."""
 
     def __init__(self, env: dict[str, str]) -> None:
+        env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
         self.proc = subprocess.Popen([sys.executable, __file__], cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
         if self.proc.stdout.readline().strip() != json.dumps({"ready": True}):
@@ -109,8 +113,12 @@ def _server(env: dict[str, str]) -> _Server:
 def _forkable(cmd, cwd, env) -> bool:
     if not isinstance(cmd, (list, tuple)) or len(cmd) < 2 or cmd[0] != sys.executable:
         return False
+    env = os.environ if env is None else env
     script = Path(cwd or os.getcwd(), cmd[1]).resolve()
-    return script in SCRIPTS and (os.environ if env is None else env).get("GRPOLAB_TEST_FORK", "1") != "0"
+    other_grpolab = any((Path(cwd or os.getcwd(), entry) / "grpolab").resolve() != REPO_ROOT / "src" / "grpolab"
+                        and (Path(cwd or os.getcwd(), entry) / "grpolab").exists()
+                        for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry)
+    return script in SCRIPTS and not other_grpolab and env.get("GRPOLAB_TEST_FORK", "1") != "0"
 
 
 _PIPES = (None, subprocess.PIPE, subprocess.DEVNULL)
@@ -273,18 +281,20 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ the server
-def _child(req: dict) -> None:
-    """In the forked child: become the requested run, then exit as an interpreter does."""
+def _child(req: dict, started: int) -> None:
+    """In the forked child: become the requested run, then exit as an interpreter does. ``started``: a pipe's write
+    end, closed once the child leads its own session (if asked), before the server reports its pid."""
     import atexit
     import runpy
 
     code = 1
     try:
-        # the outputs first, in this order: a client reading a named pipe waits in open() for this end
-        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        err = out if req["err"] == req["out"] else os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         if req["session"]:
             os.setsid()
+        os.close(started)
+        # then the outputs, in this order: a client reading a named pipe waits in open() for this end
+        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        err = out if req["err"] == req["out"] else os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(out, 1)
         os.dup2(err, 2)
@@ -293,7 +303,8 @@ def _child(req: dict) -> None:
         os.environ.update(req["env"])
         script = os.path.abspath(req["argv"][0])
         sys.argv = list(req["argv"])
-        sys.path[0] = os.path.dirname(script)
+        extra = [entry for entry in req["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
+        sys.path[:] = [os.path.dirname(script), *extra, *sys.path[1:]]
         try:
             runpy.run_path(script, run_name="__main__")
             code = 0
@@ -344,9 +355,14 @@ def _serve() -> None:
                 req = json.loads(line)
                 reply.flush()
                 sys.stderr.flush()
+                started, started_w = os.pipe()
                 pid = os.fork()
                 if pid == 0:
-                    _child(req)
+                    os.close(started)
+                    _child(req, started_w)
+                os.close(started_w)
+                os.read(started, 1)  # EOF once the child has closed its end: it leads its session by now
+                os.close(started)
                 children.add(pid)
                 print(json.dumps({"id": req["id"], "pid": pid}), file=reply, flush=True)
         for pid in list(children):
