@@ -9,8 +9,10 @@ import-time environment, started on first use) to fork a child that opens the re
 leader if asked (``start_new_session``), takes the request's working folder, environment and arguments, runs the
 script as ``__main__`` (:func:`runpy.run_path`) and exits as the interpreter would (non-daemon threads joined,
 ``atexit`` handlers run, streams flushed; an uncaught KeyboardInterrupt dies by SIGINT). The server imports and
-does nothing else: one thread, no tensor, no logging set-up, the interpreter's own signal handlers, so a child starts
-from the state a fresh interpreter reaches after the same imports, and a signal reaches it as it would that one.
+does nothing else: one Python thread (torch's import also leaves two idle OpenBLAS pool threads, which a fork does not
+copy; OpenBLAS starts them again in the child when needed), no tensor, no logging set-up, the interpreter's own signal
+handlers, so a child starts from the state a fresh interpreter reaches after the same imports, and a signal reaches it
+as it would that one. In ``ps`` a child shows the server's command line (``python tests/forkrun.py``), not its own.
 
 What a child does not share with a fresh ``python src/train.py``: warnings and prints of the imports themselves (they
 went to the server's stderr once), and environment variables read at import time. So a request whose import-time
@@ -146,7 +148,8 @@ class ForkedPopen:
                 paths[name] = os.devnull
             else:  # inherited: a file shown when the child has ended
                 paths[name] = os.path.join(self._tmp.name, name + ".log")
-        self._shown = [(p, sys.stdout if n == "out" else sys.stderr) for n, p in paths.items() if p.endswith(".log")]
+        self._shown = [(p, sys.stdout if n == "out" else sys.stderr) for n, p in paths.items() if p.endswith(".log")
+                       and not (n == "err" and p == paths["out"])]
         self._server = _server(env)
         self.pid = self._server.start({"argv": [str(c) for c in cmd[1:]], "cwd": str(Path(cwd or os.getcwd()).resolve()),
                                        "env": env, "out": paths["out"], "err": paths["err"],
@@ -183,7 +186,7 @@ class ForkedPopen:
         return out, err
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
+        if self.poll() is None:  # as subprocess.Popen: never a pid the server has already reaped
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
@@ -329,7 +332,7 @@ def _child(req: dict, started: int) -> None:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
     finally:
-        os._exit(code if 0 <= code < 256 else 1)
+        os._exit(code & 0xFF)  # as the interpreter: sys.exit(256) is 0, sys.exit(-1) is 255
 
 
 def _serve() -> None:
@@ -375,3 +378,4 @@ def _serve() -> None:
 if __name__ == "__main__":
     sys.path[0] = str(REPO_ROOT / "src")
     _serve()
+    os._exit(0)  # no teardown of the imported stack (seconds with torch loaded): the test process has gone

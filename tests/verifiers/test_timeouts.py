@@ -84,7 +84,8 @@ def test_thread_watchdog_interrupts_again_when_code_swallows_the_first_interrupt
     cut = [t for t in threading.enumerate() if t.name == "grpolab-reward" and t not in before]
     ended, spent = _cpu_until_the_new_threads_end(before, 60.0)
     assert ended and spent < 5.0, f"the cut call ran on: {spent:.1f} CPU s after the cut (ended: {ended})"
-    assert [t.num_interrupts for t in cut if t.num_interrupts] == [2]  # the swallowed one, and the one that stopped it
+    interrupts = [t.num_interrupts for t in cut if t.num_interrupts]
+    assert len(interrupts) == 1 and interrupts[0] >= 2  # the swallowed one, then one (or, if starved, more) that stopped it
 
 
 def test_no_interrupt_escapes_a_scoring_thread(monkeypatch):
@@ -111,7 +112,7 @@ def test_no_interrupt_escapes_a_scoring_thread(monkeypatch):
     finally:
         sys.setswitchinterval(switch)
     assert escaped == []
-    assert issued >= 12  # the cuts did land inside running threads
+    assert issued >= 12  # interrupts were issued into running threads, not only into ended ones
 
 
 def test_thread_watchdog_cuts_a_slow_math_verify_comparison():

@@ -17,9 +17,9 @@ again after each kill; about 0.1 ms of pickling and pipe traffic per item; one p
 **A watchdog thread** (:func:`run_in_thread`, ``num_workers == 0``). The items run one after another in a
 helper thread while the calling thread waits for each result with a time limit. When the limit passes,
 the item is counted as timed out, an exception is raised *inside* the helper thread
-(``PyThreadState_SetAsyncExc``) so it stops at its next Python bytecode, and again every 0.25 s until it has
-stopped (code that swallows exceptions, such as a bare ``except:`` around a call, can lose one), and the remaining
-items go to a fresh thread. Cost: one thread start per batch (about 0.1 ms) and a queue hand-off per item. Limit: a
+(``PyThreadState_SetAsyncExc``) so it stops at the interpreter's next check (a call, a loop's jump back), and
+again every 0.25 s until it has stopped (code that swallows exceptions, such as a bare ``except:`` around a call,
+can lose one), and the remaining items go to a fresh thread. Cost: one thread start per batch (about 0.1 ms) and a queue hand-off per item. Limit: a
 hang inside one C call that holds the GIL cannot be interrupted in-process, and it also blocks the
 waiting thread until the call returns; :class:`~grpolab.verifiers.math.MathVerifier` refuses the known
 inputs of that kind (power towers, huge factorials) before sympy sees them. Use worker processes when a
@@ -98,7 +98,9 @@ class _ScoringThread(threading.Thread):
 
     None of those raises escapes the thread: each is issued holding :attr:`_lock`, only between the start of
     :meth:`run`'s ``try`` (``_entered``) and its stop (``_stopped``), and the stop, under the same lock, sets
-    ``_stopped`` and then clears any raise still pending with a C call before any further bytecode can take it.
+    ``_stopped`` and then clears any raise still pending with a C call before the interpreter checks for one again.
+    That last step rests on CPython's check points (calls, backward jumps, function entry: none between the two), not
+    on a language rule; ``tests/verifiers/test_timeouts.py`` hammers it.
     """
 
     def __init__(self, funcs: dict[str, Callable], items: Sequence[Item], first: int) -> None:
