@@ -63,7 +63,7 @@ class _Server:
         self.changed = threading.Condition()
         self.pids: dict[int, int] = {}
         self.status: dict[int, int] = {}
-        self.next_id = 0
+        self.next_id, self.gone = 0, False
         threading.Thread(target=self._read_replies, name="forkrun-replies", daemon=True).start()
 
     def _read_replies(self) -> None:
@@ -76,7 +76,7 @@ class _Server:
                     self.status[reply["pid"]] = reply["status"]
                 self.changed.notify_all()
         with self.changed:  # the server is gone: nothing more will come
-            self.pids.setdefault(-1, -1)
+            self.gone = True
             self.changed.notify_all()
 
     def start(self, request: dict) -> int:
@@ -85,7 +85,7 @@ class _Server:
             rid = self.next_id = self.next_id + 1
             self.proc.stdin.write(json.dumps({**request, "id": rid}) + "\n")
             self.proc.stdin.flush()
-            self.changed.wait_for(lambda: rid in self.pids or -1 in self.pids)
+            self.changed.wait_for(lambda: rid in self.pids or self.gone)
             if rid not in self.pids:
                 raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
             return self.pids.pop(rid)
@@ -93,7 +93,7 @@ class _Server:
     def wait(self, pid: int, timeout: float | None) -> int | None:
         """The child's exit status (negative: killed by that signal), or None if it runs past ``timeout``."""
         with self.changed:
-            if not self.changed.wait_for(lambda: pid in self.status or -1 in self.pids, timeout):
+            if not self.changed.wait_for(lambda: pid in self.status or self.gone, timeout):
                 return None
             if pid not in self.status:
                 raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
@@ -112,8 +112,12 @@ def _server(env: dict[str, str]) -> _Server:
         return _servers[key]
 
 
-def _forkable(cmd, cwd, env) -> bool:
-    if not isinstance(cmd, (list, tuple)) or len(cmd) < 2 or cmd[0] != sys.executable:
+_PIPES = (None, subprocess.PIPE, subprocess.DEVNULL)
+
+
+def _forkable(cmd, cwd, env, stdout, stderr) -> bool:
+    if (not isinstance(cmd, (list, tuple)) or len(cmd) < 2 or cmd[0] != sys.executable or stdout not in _PIPES
+            or stderr not in (*_PIPES, subprocess.STDOUT)):
         return False
     env = os.environ if env is None else env
     script = Path(cwd or os.getcwd(), cmd[1]).resolve()
@@ -123,7 +127,28 @@ def _forkable(cmd, cwd, env) -> bool:
     return script in SCRIPTS and not other_grpolab and env.get("GRPOLAB_TEST_FORK", "1") != "0"
 
 
-_PIPES = (None, subprocess.PIPE, subprocess.DEVNULL)
+def _start(cmd, cwd, env: dict[str, str], paths: dict[str, str], session: bool) -> tuple[_Server, int]:
+    """Ask the server for ``env`` to fork ``cmd`` with its outputs at ``paths`` (``out``, ``err``); return it and the
+    child's pid."""
+    server = _server(env)
+    return server, server.start({"argv": [str(c) for c in cmd[1:]], "cwd": str(Path(cwd or os.getcwd()).resolve()),
+                                 "env": env, "out": paths["out"], "err": paths["err"], "session": session})
+
+
+def _output_paths(folder: str, stdout, stderr, fifo: bool) -> dict[str, str]:
+    """Where a child writes its stdout and stderr: ``os.devnull`` for ``DEVNULL``, stdout's path for ``STDOUT``,
+    else a file in ``folder`` (a named pipe when ``PIPE`` and ``fifo``; ``<name>.log`` when inherited)."""
+    paths: dict[str, str] = {}
+    for name, dest in (("out", stdout), ("err", stderr)):
+        if dest == subprocess.DEVNULL:
+            paths[name] = os.devnull
+        elif dest == subprocess.STDOUT:
+            paths[name] = paths["out"]
+        else:
+            paths[name] = os.path.join(folder, name if dest == subprocess.PIPE else name + ".log")
+            if dest == subprocess.PIPE and fifo:
+                os.mkfifo(paths[name])
+    return paths
 
 
 class ForkedPopen:
@@ -136,24 +161,11 @@ class ForkedPopen:
                  start_new_session: bool = False) -> None:
         self.args, self.returncode = cmd, None
         self._tmp = tempfile.TemporaryDirectory(prefix="forkrun-")
-        env = dict(os.environ if env is None else env)
-        paths = {}
-        for name, dest in (("out", stdout), ("err", stderr)):
-            if dest == subprocess.PIPE:
-                paths[name] = os.path.join(self._tmp.name, name)
-                os.mkfifo(paths[name])
-            elif dest == subprocess.STDOUT:
-                paths[name] = paths["out"]
-            elif dest == subprocess.DEVNULL:
-                paths[name] = os.devnull
-            else:  # inherited: a file shown when the child has ended
-                paths[name] = os.path.join(self._tmp.name, name + ".log")
+        paths = _output_paths(self._tmp.name, stdout, stderr, fifo=True)
+        # an inherited output is a file, shown when the child has ended
         self._shown = [(p, sys.stdout if n == "out" else sys.stderr) for n, p in paths.items() if p.endswith(".log")
                        and not (n == "err" and p == paths["out"])]
-        self._server = _server(env)
-        self.pid = self._server.start({"argv": [str(c) for c in cmd[1:]], "cwd": str(Path(cwd or os.getcwd()).resolve()),
-                                       "env": env, "out": paths["out"], "err": paths["err"],
-                                       "session": start_new_session})
+        self._server, self.pid = _start(cmd, cwd, dict(os.environ if env is None else env), paths, start_new_session)
         mode = "r" if text else "rb"  # the child opens its outputs first of all, in this order
         self.stdout = open(paths["out"], mode) if stdout == subprocess.PIPE else None  # noqa: SIM115
         self.stderr = open(paths["err"], mode) if stderr == subprocess.PIPE else None  # noqa: SIM115
@@ -211,8 +223,7 @@ def Popen(cmd, **kwargs):  # noqa: N802 - named as the class it stands in for
     checkout's entry points (see the module docstring) and only ``cwd``, ``env``, ``stdout``/``stderr`` (``PIPE``,
     ``DEVNULL``, ``STDOUT``, inherited), ``text`` and ``start_new_session`` are given; else a real process."""
     allowed = {"cwd", "env", "stdout", "stderr", "text", "start_new_session"}
-    if (set(kwargs) - allowed or not _forkable(cmd, kwargs.get("cwd"), kwargs.get("env"))
-            or kwargs.get("stdout") not in _PIPES or kwargs.get("stderr") not in (*_PIPES, subprocess.STDOUT)):
+    if set(kwargs) - allowed or not _forkable(cmd, *(kwargs.get(k) for k in ("cwd", "env", "stdout", "stderr"))):
         return subprocess.Popen(cmd, **kwargs)
     return ForkedPopen(cmd, **kwargs)
 
@@ -231,19 +242,12 @@ def run(cmd, *, capture_output: bool = False, text: bool = False, timeout: float
     """
     if capture_output:
         stdout = stderr = subprocess.PIPE
-    if (kwargs or not _forkable(cmd, cwd, env) or stdout not in _PIPES
-            or stderr not in (*_PIPES, subprocess.STDOUT)):
+    if kwargs or not _forkable(cmd, cwd, env, stdout, stderr):
         return subprocess.run(cmd, text=text, timeout=timeout, check=check, cwd=cwd, env=env, stdout=stdout,
                               stderr=stderr, **kwargs)
-    env = dict(os.environ if env is None else env)
-    server = _server(env)
     with tempfile.TemporaryDirectory(prefix="forkrun-") as tmp:  # files, not pipes: nothing to read while it runs
-        paths = {}
-        for name, dest in (("out", stdout), ("err", stderr)):
-            paths[name] = {subprocess.DEVNULL: os.devnull, subprocess.STDOUT: paths.get("out")}.get(
-                dest, os.path.join(tmp, name))
-        pid = server.start({"argv": [str(c) for c in cmd[1:]], "cwd": str(Path(cwd or os.getcwd()).resolve()),
-                            "env": env, "out": paths["out"], "err": paths["err"], "session": False})
+        paths = _output_paths(tmp, stdout, stderr, fifo=False)
+        server, pid = _start(cmd, cwd, dict(os.environ if env is None else env), paths, session=False)
         status = server.wait(pid, timeout)
         if status is None:
             os.kill(pid, signal.SIGKILL)
