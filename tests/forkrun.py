@@ -56,8 +56,10 @@ class _Server:
 
     def __init__(self, env: dict[str, str]) -> None:
         env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-        self.proc = subprocess.Popen([sys.executable, __file__], cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self._tmp = tempfile.TemporaryDirectory(prefix="forkrun-server-")
+        self.socket = os.path.join(self._tmp.name, "socket")  # where a shell's `python` asks (forkrun_shell.py)
+        self.proc = subprocess.Popen([sys.executable, __file__, self.socket], cwd=REPO_ROOT, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         if self.proc.stdout.readline().strip() != json.dumps({"ready": True}):
             raise RuntimeError(f"the fork server did not start ({self.proc.poll()})")
         self.changed = threading.Condition()
@@ -288,23 +290,31 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ the server
-def _child(req: dict, started: int) -> None:
+def _child(req: dict, started: int, fds: list[int] | None) -> None:
     """In the forked child: become the requested run, then exit as an interpreter does. ``started``: a pipe's write
-    end, closed once the child leads its own session (if asked), before the server reports its pid."""
+    end, closed once the child leads its own session (if asked), before the server reports its pid. ``fds``: the
+    stdin, stdout and stderr a shell client sent (forkrun_shell.py), else the outputs are ``req``'s paths."""
     import atexit
     import runpy
 
     code = 1
     try:
-        if req["session"]:
+        if req.get("session"):
             os.setsid()
         os.close(started)
-        # then the outputs, in this order: a client reading a named pipe waits in open() for this end
-        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        err = out if req["err"] == req["out"] else os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
+        for fd in _SERVER_FDS:  # the server's socket and its clients' connections
+            os.close(fd)
+        if fds:
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+        else:  # in this order: a client reading a named pipe waits in open() for this end
+            out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            err = out if req["err"] == req["out"] else os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                                                0o644)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(out, 1)
+            os.dup2(err, 2)
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -339,20 +349,80 @@ def _child(req: dict, started: int) -> None:
         os._exit(code & 0xFF)  # as the interpreter: sys.exit(256) is 0, sys.exit(-1) is 255
 
 
-def _serve() -> None:
-    """Import :data:`PRELOAD`, say ready, then fork a child per request line on stdin and report each child's pid
-    and, once it has exited, its status (``os.waitstatus_to_exitcode``). One thread: nothing runs beside a fork."""
+_SERVER_FDS: list[int] = []  # descriptors of the server a child closes first
+
+
+def _fork(req: dict, fds: list[int] | None = None) -> int:
+    """Fork a child for ``req``; return its pid once it leads its session (if asked)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    started, started_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(started)
+        _child(req, started_w, fds)
+    os.close(started_w)
+    os.read(started, 1)  # EOF once the child has closed its end
+    os.close(started)
+    return pid
+
+
+def _accept(listener, own: tuple, clients: dict) -> int | None:
+    """Take one shell client's request from ``listener``: fork its child (its pid is returned, its connection kept in
+    ``clients`` for the exit status) or refuse it (another import-time environment than ``own``)."""
+    import socket
+
+    conn, _ = listener.accept()
+    conn.settimeout(10)
+    fds: list[int] = []
+    try:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        req = json.loads(msg)
+        if _import_time_env(req["env"]) != own or len(fds) != 3:
+            conn.send(json.dumps({"refused": "another import-time environment"}).encode())
+            conn.close()
+            return None
+        _SERVER_FDS.append(conn.fileno())  # its own child closes it too: the server alone answers
+        pid = _fork(req, fds)
+        clients[pid] = conn
+        try:
+            conn.send(json.dumps({"pid": pid}).encode())
+        except OSError:
+            pass  # the client has gone; its run goes on, reported to no one
+        return pid
+    except (OSError, ValueError) as e:  # a client that died or sent garbage before its fork: it alone is affected
+        print(f"forkrun: a shell client's request failed: {e!r}", file=sys.stderr, flush=True)
+        if conn.fileno() in _SERVER_FDS:
+            _SERVER_FDS.remove(conn.fileno())
+        conn.close()
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _serve(socket_path: str) -> None:
+    """Import :data:`PRELOAD`, say ready, then fork a child per request: a JSON line on stdin (answered on stdout
+    with its pid, then, once it has exited, its status: ``os.waitstatus_to_exitcode``), or a shell client's packet
+    on the socket at ``socket_path`` with its three standard descriptors (answered on that connection the same
+    way, or refused when its import-time environment is not this server's). One thread: nothing runs beside a fork."""
     import importlib
     import select
+    import socket
 
+    own = _import_time_env(dict(os.environ))  # before the imports, which may set some
     for name in PRELOAD:
         importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(socket_path)
+    listener.listen(16)
+    _SERVER_FDS.append(listener.fileno())
     reply = sys.stdout
     print(json.dumps({"ready": True}), file=reply, flush=True)
-    pending, children = b"", set()
+    pending, children, clients = b"", set(), {}
     while True:
-        readable, _, _ = select.select([0], [], [], 0.05)
-        if readable:
+        readable, _, _ = select.select([0, listener], [], [], 0.05)
+        if 0 in readable:
             chunk = os.read(0, 1 << 16)
             if not chunk:  # the test process has gone: so do we (children already forked run on)
                 return
@@ -360,26 +430,33 @@ def _serve() -> None:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 req = json.loads(line)
-                reply.flush()
-                sys.stderr.flush()
-                started, started_w = os.pipe()
-                pid = os.fork()
-                if pid == 0:
-                    os.close(started)
-                    _child(req, started_w)
-                os.close(started_w)
-                os.read(started, 1)  # EOF once the child has closed its end: it leads its session by now
-                os.close(started)
+                pid = _fork(req)
                 children.add(pid)
                 print(json.dumps({"id": req["id"], "pid": pid}), file=reply, flush=True)
+        if listener in readable and (pid := _accept(listener, own, clients)) is not None:
+            children.add(pid)
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 children.discard(pid)
-                print(json.dumps({"pid": pid, "status": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
+                code = os.waitstatus_to_exitcode(status)
+                if pid in clients:
+                    conn = clients.pop(pid)
+                    _SERVER_FDS.remove(conn.fileno())
+                    try:
+                        conn.send(json.dumps({"status": code}).encode())
+                    except OSError:
+                        pass  # the client has gone
+                    conn.close()
+                else:
+                    print(json.dumps({"pid": pid, "status": code}), file=reply, flush=True)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--client"]:
+        from forkrun_shell import client
+
+        client(sys.argv[2:])
     sys.path[0] = str(REPO_ROOT / "src")
-    _serve()
+    _serve(sys.argv[1])
     os._exit(0)  # no teardown of the imported stack (seconds with torch loaded): the test process has gone

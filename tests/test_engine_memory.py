@@ -6,9 +6,9 @@ log-prob check reads an engine through a typed protocol."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
+import forkrun
 import pytest
 import torch
 from conftest import REPO_ROOT, compose_train_cfg
@@ -81,9 +81,9 @@ def test_a_new_engine_plans_its_own_memory_through_plan_only(tmp_path):
     device = plan.peak_bytes - 32 * MIB
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "tests"), str(REPO_ROOT / "src")])}
-    proc = subprocess.run([sys.executable, "src/train.py", *rollout, "algo=grpo_offpolicy", "+plan_only=true",
-                           f"plan.device_memory={device}", f"hydra.run.dir={run}"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    proc = forkrun.run([sys.executable, "src/train.py", *rollout, "algo=grpo_offpolicy", "+plan_only=true",
+                        f"plan.device_memory={device}", f"hydra.run.dir={run}"],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert f"{'sampler':<38} {plan.terms['sampler'] / GIB:>9.3f}" in out

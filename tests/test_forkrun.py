@@ -33,3 +33,38 @@ def test_a_forked_run_answers_as_a_real_process(tmp_path):
         assert "eval.py: error:" in proc.communicate(timeout=300)[0] and proc.returncode == 2
     real_popen = forkrun.Popen(cmd, cwd=REPO_ROOT, env={**ENV, "GRPOLAB_TEST_FORK": "0"}, stdout=subprocess.DEVNULL)
     assert isinstance(real_popen, subprocess.Popen) and real_popen.wait(timeout=300) == 2
+
+
+def test_a_shells_python_forks_the_entry_points_and_passes_the_rest_to_the_interpreter(tmp_path):
+    """forkrun_shell: in a real shell, ``python src/train.py`` runs forked (the client stays the process the shell
+    started, its command line ``forkrun.py --client ...``), takes the shell's outputs, answers a user error with the
+    real exit status and last line, and ends as an interrupted run when the shell's process gets SIGINT (forwarded);
+    ``python -c`` runs in the real interpreter."""
+    import json
+    import signal
+    import time
+
+    from conftest import FAST_OVERRIDES
+    from forkrun_shell import shell_env
+
+    env = shell_env(ENV, tmp_path / "bin")
+    bad = ["src/train.py", "algo.epsilonn=0.3", f"hydra.run.dir={tmp_path / 'bad'}"]
+    shell = subprocess.run(["bash", "-c", 'python "$@"; echo "status=$?"; python -c "print(\'-c ran\')"',
+                            "bash", *bad], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    real = subprocess.run([sys.executable, *bad], cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert "status=2" in shell.stdout and "-c ran" in shell.stdout
+    assert shell.stderr.splitlines()[-1] == real.stderr.splitlines()[-1]
+    run = tmp_path / "run"
+    script = f'python src/train.py {" ".join(FAST_OVERRIDES)} trainer.max_steps=100000 hydra.run.dir={run} &\n' \
+             'echo "$!"; wait "$!"; echo "status=$?"'
+    with subprocess.Popen(["bash", "-c", script], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        pid = int(proc.stdout.readline())
+        assert "--client" in open(f"/proc/{pid}/cmdline").read().split("\0")  # it did not exec a real interpreter
+        deadline = time.monotonic() + 240
+        while not ((run / "metrics.csv").exists() and len((run / "metrics.csv").read_text().splitlines()) > 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "no training step"
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGINT)
+        out = proc.communicate(timeout=240)[0]
+    assert "status=130" in out and json.loads((run / "summary.json").read_text())["interrupted"] is True
+    assert (run / "checkpoints" / "last.ckpt").exists()

@@ -1,7 +1,8 @@
 """docs/guide/own-data.md runs as written: its ```python block (the reward function) is saved as the file it names,
-then its ```bash blocks run in order through a real shell (bash) in a copy of the repository, the training line
-with fewer steps and the fast tiny model, the eval line on a few prompts. The run must have used the page's reward
-function (``train/rewards/mine/mean`` in metrics.csv) and the eval must have scored with it."""
+then its ```bash blocks run in order through a real shell (bash) in a folder linking the repository's files, the
+training line with fewer steps and the fast tiny model, the eval line on a few prompts. The run must have used the
+page's reward function (``train/rewards/mine/mean`` in metrics.csv) and the eval must have scored with it. Its
+``python src/train.py`` and ``python src/eval.py`` fork (``forkrun_shell.py``; ``GRPOLAB_TEST_FORK=0``: real)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import csv
 import json
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT
+from forkrun_shell import shell_env
 
 PAGE = REPO_ROOT / "docs" / "guide" / "own-data.md"
 FAST = " ".join(o for o in FAST_OVERRIDES if not o.startswith(("save_policy", "data.")))
@@ -42,14 +43,16 @@ def test_the_page_shows_a_reward_file_and_selects_it_on_the_command_line():
 
 @pytest.mark.slow
 def test_every_block_of_the_own_data_guide_runs_in_a_real_shell(tmp_path):
-    repo = tmp_path / "grpolab"
+    repo = tmp_path / "grpolab"  # the checkout's files, linked: the page's files and outputs land here
+    repo.mkdir()
     for part in ("src", "conf"):
-        shutil.copytree(REPO_ROOT / part, repo / part)
+        (repo / part).symlink_to(REPO_ROOT / part)
     (code,) = blocks("python")
     (repo / code.splitlines()[0].removeprefix("# ").strip()).write_text(code)
     env = {**os.environ, "GRPOLAB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline"}
     env.pop("PYTHONPATH", None)  # the page says the working directory is enough
+    env = shell_env(env, tmp_path / "bin")  # `python src/train.py` and `src/eval.py` fork (forkrun_shell.py)
     for block in blocks("bash"):
         commands = block.replace("\\\n", " ").strip().splitlines() if "src/" in block else [block]
         script = "set -euo pipefail\n" + "\n".join(shorten(c) for c in commands)

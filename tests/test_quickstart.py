@@ -1,5 +1,7 @@
-"""Every shell block of the README's Quickstart runs through a real shell (bash), in order, in a copy of the
-repository, so a quoting error (an override whose quotes the shell strips) cannot come back.
+"""Every shell block of the README's Quickstart runs through a real shell (bash), in order, in a folder linking the
+repository's files, so a quoting error (an override whose quotes the shell strips) cannot come back. Its
+``python src/train.py`` and ``python src/eval.py`` fork from the tests' fork server (``forkrun_shell.py``;
+``GRPOLAB_TEST_FORK=0``: real processes).
 
 To keep it short each training line gets the tiny fast overrides and fewer steps (the same proportions, so
 the resume step still lies past the checkpoint), and the eval line scores a few prompts. The install block is
@@ -11,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
 from conftest import FAST_OVERRIDES, REPO_ROOT
+from forkrun_shell import shell_env
 
 FAST = " ".join(o for o in FAST_OVERRIDES if not o.startswith("save_policy"))
 
@@ -50,13 +52,14 @@ def test_quickstart_has_the_steps_it_promises():
 
 @pytest.mark.slow
 def test_every_quickstart_block_runs_in_a_real_shell(tmp_path):
-    repo = tmp_path / "grpolab"
+    repo = tmp_path / "grpolab"  # the checkout's files, linked: the outputs land here, not in the checkout
+    repo.mkdir()
     for part in ("src", "conf", "notebooks", "sweeps", "README.md"):  # sweeps/report.py: step 6's table
-        src = REPO_ROOT / part
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, repo / part)
+        (repo / part).symlink_to(REPO_ROOT / part)
     (tmp_path / "shared").symlink_to(REPO_ROOT.parent / "shared")
     env = {**os.environ, "GRPOLAB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(repo / "src")}
+    env = shell_env(env, tmp_path / "bin")  # `python src/train.py` and `src/eval.py` fork (forkrun_shell.py)
     for block in quickstart_blocks():
         if "pip install" in block:
             check = subprocess.run(["bash", "-n"], input=block, text=True, capture_output=True)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 
+import forkrun
 import pytest
 import torch
 from conftest import REPO_ROOT
@@ -24,8 +25,8 @@ DDP = ["trainer=ddp", "trainer.devices=2", "trainer.max_steps=3", "algo.loss_typ
 def test_a_two_task_srun_job_trains_as_lightnings_own_ddp_launcher(tmp_path):
     require_cluster()
     lightning, slurm = tmp_path / "lightning", tmp_path / "slurm"
-    res = subprocess.run(train_cmd(*DDP, f"hydra.run.dir={lightning}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
-                         text=True, timeout=240)
+    res = forkrun.run(train_cmd(*DDP, f"hydra.run.dir={lightning}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
+                      text=True, timeout=240)  # rank 0 forked; Lightning starts rank 1 as a real process
     assert res.returncode == 0, res.stderr[-3000:]
     # --ntasks-per-node = trainer.devices (Lightning's SLURMEnvironment refuses a bare --ntasks)
     srun = ["srun", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--kill-on-bad-exit=1",

@@ -8,6 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import forkrun
 import pytest
 from conftest import REPO_ROOT
 from slurm_helpers import ENV, require_cluster, train_cmd
@@ -20,8 +21,7 @@ SWEEP = ["hydra/launcher=slurm", "trainer.max_steps=2", "val.at_start=false", "s
 def _sweep(folder: Path, *overrides: str, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
     cmd = train_cmd(*SWEEP, f"hydra.sweep.dir={folder}", *overrides)
     cmd.insert(2, "-m")  # python src/train.py -m ...
-    return subprocess.run(cmd, cwd=REPO_ROOT,
-                          env=env or ENV, capture_output=True, text=True, timeout=timeout)
+    return forkrun.run(cmd, cwd=REPO_ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def _error_line(res: subprocess.CompletedProcess) -> str:

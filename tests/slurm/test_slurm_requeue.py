@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import forkrun
 import pytest
 import torch
 from conftest import REPO_ROOT
@@ -30,8 +31,8 @@ COMMON = ["val.at_start=false", "trainer.val_check_interval=1000", "callbacks.co
 def reference(tmp_path_factory) -> Path:
     """The uninterrupted run, outside SLURM."""
     out = tmp_path_factory.mktemp("slurm_requeue") / "reference"
-    res = subprocess.run(train_cmd(*COMMON, f"hydra.run.dir={out}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
-                         text=True, timeout=240)
+    res = forkrun.run(train_cmd(*COMMON, f"hydra.run.dir={out}"), cwd=REPO_ROOT, env=ENV, capture_output=True,
+                      text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -98,7 +99,7 @@ def test_a_multirun_job_signalled_by_submitits_usr2_requeues_and_the_sweep_ends_
     cmd = train_cmd("hydra/launcher=slurm", *COMMON, "seed=0", f"hydra.sweep.dir={tmp_path / 'sweep'}",
                     f"hydra.launcher.name={name}")
     cmd.insert(2, "-m")
-    sweep = subprocess.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sweep = forkrun.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
         while not (rows := list((tmp_path / "sweep").glob("0_*/metrics.csv"))) or \
