@@ -19,8 +19,9 @@ went to the server's stderr once), and environment variables read at import time
 environment (:data:`IMPORT_TIME_VARS`) differs from the server's gets a server of its own, and these run as real
 processes (:mod:`subprocess` itself): any other command, a script outside this checkout's ``src/``, an argument not
 listed in the docstrings below, and everything when ``GRPOLAB_TEST_FORK=0`` is set. Tests whose subject is the
-interpreter itself (a real shell running the README's blocks, the console output and import-time warnings, the exit
-collection, a closed stdout, a SLURM job, a DDP rank Lightning starts) call :mod:`subprocess` directly.
+interpreter itself (the console output and import-time warnings, the exit collection, a closed stdout, a SLURM job, a
+DDP rank Lightning starts) call :mod:`subprocess` directly; a real shell running a page's blocks gets a ``python`` that
+forks through the server's socket (:mod:`forkrun_shell`).
 """
 
 from __future__ import annotations
