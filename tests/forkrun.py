@@ -11,8 +11,8 @@ script as ``__main__`` (:func:`runpy.run_path`) and exits as the interpreter wou
 ``atexit`` handlers run, streams flushed; an uncaught KeyboardInterrupt dies by SIGINT). The server imports and
 does nothing else: one Python thread (torch's import also leaves two idle OpenBLAS pool threads, which a fork does not
 copy; OpenBLAS starts them again in the child when needed), no tensor, no logging set-up, the interpreter's own signal
-handlers, so a child starts from the state a fresh interpreter reaches after the same imports, and a signal reaches it
-as it would that one. In ``ps`` a child shows the server's command line (``python tests/forkrun.py``), not its own.
+handlers, so a child starts from the state a fresh interpreter reaches after the same imports, and a signal sent to
+its pid reaches it as it would that one (a shell's forked run is another case: :mod:`forkrun_shell`). In ``ps`` a child shows the server's command line (``python tests/forkrun.py``), not its own.
 
 What a child does not share with a fresh ``python src/train.py``: warnings and prints of the imports themselves (they
 went to the server's stderr once), and environment variables read at import time. So a request whose import-time
@@ -61,8 +61,11 @@ class _Server:
         self.socket = os.path.join(self._tmp.name, "socket")  # where a shell's `python` asks (forkrun_shell.py)
         self.proc = subprocess.Popen([sys.executable, __file__, self.socket], cwd=REPO_ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        if self.proc.stdout.readline().strip() != json.dumps({"ready": True}):
+        ready = json.loads(self.proc.stdout.readline() or "{}")
+        if not ready.get("ready"):
             raise RuntimeError(f"the fork server did not start ({self.proc.poll()})")
+        if not ready.get("socket"):  # no UNIX socket here: a shell's python runs the real interpreter
+            self.socket = None
         self.changed = threading.Condition()
         self.pids: dict[int, int] = {}
         self.status: dict[int, int] = {}
@@ -75,6 +78,7 @@ class _Server:
             with self.changed:
                 if "id" in reply:
                     self.pids[reply["id"]] = reply["pid"]
+                    self.status.pop(reply["pid"], None)  # a reused pid: an earlier child's status is not this one's
                 else:
                     self.status[reply["pid"]] = reply["status"]
                 self.changed.notify_all()
@@ -319,10 +323,12 @@ def _child(req: dict, started: int, fds: list[int] | None) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        for signum in req.get("ignored", ()):  # what the shell's process ignored (a `&` job: SIGINT), so does the run
+            signal.signal(signum, signal.SIG_IGN)
         script = os.path.abspath(req["argv"][0])
         sys.argv = list(req["argv"])
         extra = [entry for entry in req["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
-        sys.path[:] = [os.path.dirname(script), *extra, *sys.path[1:]]
+        sys.path[:] = [os.path.dirname(os.path.realpath(script)), *extra, *sys.path[1:]]  # as the interpreter: resolved
         try:
             runpy.run_path(script, run_name="__main__")
             code = 0
@@ -368,22 +374,21 @@ def _fork(req: dict, fds: list[int] | None = None) -> int:
     return pid
 
 
-def _accept(listener, own: tuple, clients: dict) -> int | None:
-    """Take one shell client's request from ``listener``: fork its child (its pid is returned, its connection kept in
-    ``clients`` for the exit status) or refuse it (another import-time environment than ``own``)."""
+def _take(conn, own: tuple, clients: dict) -> int | None:
+    """Read a shell client's request from ``conn`` (readable, its descriptor in :data:`_SERVER_FDS`): fork its child (its pid is returned, ``conn`` kept in
+    ``clients`` for the exit status) or refuse it (another import-time environment than ``own``, not three
+    descriptors). A client that died or sent something else than a request is dropped: it alone is affected."""
     import socket
 
-    conn, _ = listener.accept()
-    conn.settimeout(10)
     fds: list[int] = []
     try:
         msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         req = json.loads(msg)
-        if _import_time_env(req["env"]) != own or len(fds) != 3:
-            conn.send(json.dumps({"refused": "another import-time environment"}).encode())
+        if len(fds) != 3 or _import_time_env(req["env"]) != own:
+            conn.send(json.dumps({"refused": "not three descriptors, or another import-time environment"}).encode())
+            _SERVER_FDS.remove(conn.fileno())
             conn.close()
             return None
-        _SERVER_FDS.append(conn.fileno())  # its own child closes it too: the server alone answers
         pid = _fork(req, fds)
         clients[pid] = conn
         try:
@@ -391,7 +396,7 @@ def _accept(listener, own: tuple, clients: dict) -> int | None:
         except OSError:
             pass  # the client has gone; its run goes on, reported to no one
         return pid
-    except (OSError, ValueError) as e:  # a client that died or sent garbage before its fork: it alone is affected
+    except Exception as e:  # noqa: BLE001 - before any fork: whatever the client sent, the server goes on
         print(f"forkrun: a shell client's request failed: {e!r}", file=sys.stderr, flush=True)
         if conn.fileno() in _SERVER_FDS:
             _SERVER_FDS.remove(conn.fileno())
@@ -402,27 +407,39 @@ def _accept(listener, own: tuple, clients: dict) -> int | None:
             os.close(fd)
 
 
+def _listen(socket_path: str):
+    """A listening UNIX packet socket at ``socket_path``, or None where one cannot be made (the shell clients then run
+    the real interpreter)."""
+    import socket
+
+    try:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(socket_path)
+        listener.listen(16)
+    except (OSError, AttributeError) as e:
+        print(f"forkrun: no socket for shell clients ({e!r})", file=sys.stderr, flush=True)
+        return None
+    _SERVER_FDS.append(listener.fileno())
+    return listener
+
+
 def _serve(socket_path: str) -> None:
     """Import :data:`PRELOAD`, say ready, then fork a child per request: a JSON line on stdin (answered on stdout
     with its pid, then, once it has exited, its status: ``os.waitstatus_to_exitcode``), or a shell client's packet
     on the socket at ``socket_path`` with its three standard descriptors (answered on that connection the same
-    way, or refused when its import-time environment is not this server's). One thread: nothing runs beside a fork."""
+    way, or refused). One thread: nothing runs beside a fork."""
     import importlib
     import select
-    import socket
 
     own = _import_time_env(dict(os.environ))  # before the imports, which may set some
     for name in PRELOAD:
         importlib.import_module(name)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(socket_path)
-    listener.listen(16)
-    _SERVER_FDS.append(listener.fileno())
+    listener = _listen(socket_path)
     reply = sys.stdout
-    print(json.dumps({"ready": True}), file=reply, flush=True)
-    pending, children, clients = b"", set(), {}
+    print(json.dumps({"ready": True, "socket": listener is not None}), file=reply, flush=True)
+    pending, children, clients, unread = b"", set(), {}, []
     while True:
-        readable, _, _ = select.select([0, listener], [], [], 0.05)
+        readable, _, _ = select.select([0, *([listener] if listener else []), *unread], [], [], 0.05)
         if 0 in readable:
             chunk = os.read(0, 1 << 16)
             if not chunk:  # the test process has gone: so do we (children already forked run on)
@@ -434,8 +451,13 @@ def _serve(socket_path: str) -> None:
                 pid = _fork(req)
                 children.add(pid)
                 print(json.dumps({"id": req["id"], "pid": pid}), file=reply, flush=True)
-        if listener in readable and (pid := _accept(listener, own, clients)) is not None:
-            children.add(pid)
+        if listener is not None and listener in readable:
+            unread.append(listener.accept()[0])  # its request is read once it is there: the loop never waits on it
+            _SERVER_FDS.append(unread[-1].fileno())  # a child closes it (its own too): the server alone answers
+        for conn in [c for c in unread if c in readable]:
+            unread.remove(conn)
+            if (pid := _take(conn, own, clients)) is not None:
+                children.add(pid)
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:

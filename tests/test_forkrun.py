@@ -57,14 +57,23 @@ def test_a_shells_python_forks_the_entry_points_and_passes_the_rest_to_the_inter
     run = tmp_path / "run"
     script = f'python src/train.py {" ".join(FAST_OVERRIDES)} trainer.max_steps=100000 hydra.run.dir={run} &\n' \
              'echo "$!"; wait "$!"; echo "status=$?"'
-    with subprocess.Popen(["bash", "-c", script], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True) as proc:
+    proc = subprocess.Popen(["bash", "-c", script], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
         pid = int(proc.stdout.readline())
-        assert "--client" in open(f"/proc/{pid}/cmdline").read().split("\0")  # it did not exec a real interpreter
         deadline = time.monotonic() + 240
         while not ((run / "metrics.csv").exists() and len((run / "metrics.csv").read_text().splitlines()) > 2):
             assert proc.poll() is None and time.monotonic() < deadline, "no training step"
             time.sleep(0.1)
+        # the run is training: the client has forked it rather than exec a real interpreter under the same pid
+        assert "--client" in open(f"/proc/{pid}/cmdline").read().split("\0")
         os.kill(pid, signal.SIGINT)
         out = proc.communicate(timeout=240)[0]
+    finally:
+        if proc.poll() is None:  # a failure above: the run of 100000 steps must not outlive the test
+            for _ in range(2):  # the second signal aborts at once
+                os.kill(pid, signal.SIGTERM)
+                time.sleep(1)
+            proc.kill()
+            proc.wait()
     assert "status=130" in out and json.loads((run / "summary.json").read_text())["interrupted"] is True
     assert (run / "checkpoints" / "last.ckpt").exists()
