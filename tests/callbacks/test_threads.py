@@ -45,8 +45,11 @@ def test_the_default_config_runs_the_tiny_model_on_one_thread(tmp_path):
         torch.set_num_threads(before)
 
 
-def test_one_and_two_threads_give_bitwise_equal_tiny_model_gradients():
-    """What the docs say about determinism across thread counts, for the default tiny architecture."""
+def test_the_thread_count_moves_the_tiny_models_gradients_by_round_off_at_most():
+    """What the docs say about determinism across thread counts, for the default tiny architecture: the same count
+    gives the same bits; another count the same values up to round-off. Whether it gives the same bits, the kernels
+    decide (yes on AMD AVX2 and Intel AVX-512's own kernels, not with AVX2-pinned kernels on Intel AVX-512: 2e-7 on
+    the logits), so that is not asserted."""
     from grpolab.models import TinyCharModel
 
     spec = TinyCharModel(warmstart=None)
@@ -55,14 +58,16 @@ def test_one_and_two_threads_give_bitwise_equal_tiny_model_gradients():
     before = torch.get_num_threads()
     out = []
     try:
-        for threads in (1, 2):
+        for threads in (1, 2, 1):
             torch.set_num_threads(threads)
             model = spec.load_policy()
             model.train()
             logits = model(input_ids=ids).logits
             logits.float().logsumexp(-1).mean().backward()
-            out.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+            out.append([logits.detach(), *(p.grad.clone() for p in model.parameters())])
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(out[0][0], out[1][0])
-    assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1], strict=True))
+    one, two, one_again = out
+    assert all(torch.equal(a, b) for a, b in zip(one, one_again, strict=True))
+    for a, b in zip(one, two, strict=True):  # round-off is about 1e-6 of the largest entry; a real change is O(1)
+        assert (a - b).abs().max() <= 1e-4 * a.abs().max(), (a - b).abs().max()
