@@ -12,7 +12,8 @@ script as ``__main__`` (:func:`runpy.run_path`) and exits as the interpreter wou
 does nothing else: one Python thread (torch's import also leaves two idle OpenBLAS pool threads, which a fork does not
 copy; OpenBLAS starts them again in the child when needed), no tensor, no logging set-up, the interpreter's own signal
 handlers, so a child starts from the state a fresh interpreter reaches after the same imports, and a signal sent to
-its pid reaches it as it would that one (a shell's forked run is another case: :mod:`forkrun_shell`). In ``ps`` a child shows the server's command line (``python tests/forkrun.py``), not its own.
+its pid reaches it as it would that one (a shell's forked run is another case: :mod:`forkrun_shell`). In ``ps`` a
+child shows the server's command line (``python tests/forkrun.py``), not its own.
 
 What a child does not share with a fresh ``python src/train.py``: warnings and prints of the imports themselves (they
 went to the server's stderr once), and environment variables read at import time. So a request whose import-time
@@ -375,8 +376,8 @@ def _fork(req: dict, fds: list[int] | None = None) -> int:
 
 
 def _take(conn, own: tuple, clients: dict) -> int | None:
-    """Read a shell client's request from ``conn`` (readable, its descriptor in :data:`_SERVER_FDS`): fork its child (its pid is returned, ``conn`` kept in
-    ``clients`` for the exit status) or refuse it (another import-time environment than ``own``, not three
+    """Read a shell client's request from ``conn`` (readable, its descriptor in :data:`_SERVER_FDS`): fork its child
+    (its pid is returned, ``conn`` kept in ``clients`` for the exit status) or refuse it (another import-time environment than ``own``, not three
     descriptors). A client that died or sent something else than a request is dropped: it alone is affected."""
     import socket
 

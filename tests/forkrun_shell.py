@@ -14,8 +14,11 @@ docstring. Besides that, a forked run is not the process the shell started (``$!
 process group and session are the server's, so a signal to the shell's process group reaches it only through the
 client, which forwards SIGINT, SIGTERM and SIGHUP to the run alone (not to processes the run starts), and no other
 signal (SIGUSR1, SIGQUIT, SIGSTOP, SIGKILL stop the client only); a signal the shell's process ignored (``&``: SIGINT)
-the run starts ignoring too, as a real one does until it installs a handler. Its umask, limits, CPU affinity (``taskset``), niceness and stdout buffering are the server's. A
-block that relies on any of these needs a real interpreter (``GRPOLAB_TEST_FORK=0``, or a test of its own).
+the run starts ignoring too, as a real one does until it installs a handler. Its umask, limits, CPU affinity
+(``taskset``), niceness and stdout buffering are the server's; the server reaps it, so the shell's ``time`` and its
+resource usage do not count its CPU. Only the name ``python`` is replaced: ``python3`` or an interpreter's full path
+runs for real. A block that relies on any of these needs a real interpreter (``GRPOLAB_TEST_FORK=0``, or a test of
+its own).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def client(argv: list[str]) -> None:
         request = {"argv": argv, "cwd": os.getcwd(), "env": {**env, SOCKET_VAR: path}, "ignored": ignored}
         socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
         answer = json.loads(sock.recv(1 << 16) or b"{}")
-    except OSError:  # no server at that path any more, a closed standard descriptor: the real interpreter
+    except (OSError, ValueError):  # no server there any more, a closed standard descriptor, a garbled answer
         _real(argv, mask)
     if "refused" in answer:
         _real(argv, mask)

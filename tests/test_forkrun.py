@@ -16,7 +16,7 @@ ENV = {**{k: v for k, v in os.environ.items() if k != "GRPOLAB_TEST_FORK"}, "HF_
 
 def test_a_forked_run_answers_as_a_real_process(tmp_path):
     """A user error of each entry point: the same exit status and the same last line, forked and real; the forked one
-    is a child of the server (a :class:`forkrun.ForkedPopen`), unless GRPOLAB_TEST_FORK=0."""
+    is a child of the server (a :class:`forkrun.ForkedPopen`); with GRPOLAB_TEST_FORK=0, a real process."""
     for script, args in (("src/train.py", ["algo.epsilonn=0.3"]), ("src/eval.py", ["data=jsonl"])):
         cmd = [sys.executable, script, *args, f"hydra.run.dir={tmp_path / script[4:9]}"]
         forked = forkrun.run(cmd, cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -40,6 +40,7 @@ def test_a_shells_python_forks_the_entry_points_and_passes_the_rest_to_the_inter
     started, its command line ``forkrun.py --client ...``), takes the shell's outputs, answers a user error with the
     real exit status and last line, and ends as an interrupted run when the shell's process gets SIGINT (forwarded);
     ``python -c`` runs in the real interpreter."""
+    import contextlib
     import json
     import signal
     import time
@@ -58,6 +59,7 @@ def test_a_shells_python_forks_the_entry_points_and_passes_the_rest_to_the_inter
     script = f'python src/train.py {" ".join(FAST_OVERRIDES)} trainer.max_steps=100000 hydra.run.dir={run} &\n' \
              'echo "$!"; wait "$!"; echo "status=$?"'
     proc = subprocess.Popen(["bash", "-c", script], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    pid = None
     try:
         pid = int(proc.stdout.readline())
         deadline = time.monotonic() + 240
@@ -70,8 +72,9 @@ def test_a_shells_python_forks_the_entry_points_and_passes_the_rest_to_the_inter
         out = proc.communicate(timeout=240)[0]
     finally:
         if proc.poll() is None:  # a failure above: the run of 100000 steps must not outlive the test
-            for _ in range(2):  # the second signal aborts at once
-                os.kill(pid, signal.SIGTERM)
+            for _ in range(2 if pid else 0):  # the second signal aborts at once
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
                 time.sleep(1)
             proc.kill()
             proc.wait()
