@@ -375,10 +375,18 @@ def _fork(req: dict, fds: list[int] | None = None) -> int:
     return pid
 
 
+def _drop(conn) -> None:
+    """Close a client's connection, and take it off :data:`_SERVER_FDS` (its number may be reused)."""
+    if conn.fileno() in _SERVER_FDS:
+        _SERVER_FDS.remove(conn.fileno())
+    conn.close()
+
+
 def _take(conn, own: tuple, clients: dict) -> int | None:
     """Read a shell client's request from ``conn`` (readable, its descriptor in :data:`_SERVER_FDS`): fork its child
-    (its pid is returned, ``conn`` kept in ``clients`` for the exit status) or refuse it (another import-time environment than ``own``, not three
-    descriptors). A client that died or sent something else than a request is dropped: it alone is affected."""
+    (its pid is returned, ``conn`` kept in ``clients`` for the exit status) or refuse it (another import-time
+    environment than ``own``, not three descriptors). A client that died or sent something else than a request is
+    dropped: it alone is affected."""
     import socket
 
     fds: list[int] = []
@@ -387,8 +395,7 @@ def _take(conn, own: tuple, clients: dict) -> int | None:
         req = json.loads(msg)
         if len(fds) != 3 or _import_time_env(req["env"]) != own:
             conn.send(json.dumps({"refused": "not three descriptors, or another import-time environment"}).encode())
-            _SERVER_FDS.remove(conn.fileno())
-            conn.close()
+            _drop(conn)
             return None
         pid = _fork(req, fds)
         clients[pid] = conn
@@ -399,9 +406,7 @@ def _take(conn, own: tuple, clients: dict) -> int | None:
         return pid
     except Exception as e:  # noqa: BLE001 - before any fork: whatever the client sent, the server goes on
         print(f"forkrun: a shell client's request failed: {e!r}", file=sys.stderr, flush=True)
-        if conn.fileno() in _SERVER_FDS:
-            _SERVER_FDS.remove(conn.fileno())
-        conn.close()
+        _drop(conn)
         return None
     finally:
         for fd in fds:
@@ -466,12 +471,11 @@ def _serve(socket_path: str) -> None:
                 code = os.waitstatus_to_exitcode(status)
                 if pid in clients:
                     conn = clients.pop(pid)
-                    _SERVER_FDS.remove(conn.fileno())
                     try:
                         conn.send(json.dumps({"status": code}).encode())
                     except OSError:
                         pass  # the client has gone
-                    conn.close()
+                    _drop(conn)
                 else:
                     print(json.dumps({"pid": pid, "status": code}), file=reply, flush=True)
 

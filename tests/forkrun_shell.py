@@ -53,9 +53,10 @@ def shell_env(env: dict[str, str], folder: Path) -> dict[str, str]:
     return {**env, "PATH": os.pathsep.join(p for p in (str(folder), env.get("PATH")) if p), SOCKET_VAR: server.socket}
 
 
-def _real(argv: list[str], mask) -> None:
-    """``exec`` the real interpreter (the signal mask as it was given)."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+def _real(argv: list[str], mask=None) -> None:
+    """``exec`` the real interpreter (with the signal mask ``mask``, when given)."""
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.execv(sys.executable, [sys.executable, *argv])
 
 
@@ -65,7 +66,7 @@ def client(argv: list[str]) -> None:
     env = dict(os.environ)
     path = env.pop(SOCKET_VAR, "")
     if not (path and forkrun._forkable([sys.executable, *argv], None, env, None, None)):  # noqa: SLF001
-        os.execv(sys.executable, [sys.executable, *argv])
+        _real(argv)
     ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]  # a `&` job: SIGINT
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # held until the run's pid is known: none is lost
     try:
