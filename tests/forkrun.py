@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +160,26 @@ def _output_paths(folder: str, stdout, stderr, fifo: bool) -> dict[str, str]:
     return paths
 
 
+class _Reader:
+    """A daemon thread reading ``stream`` to its end: ``data`` once :meth:`join` says it has ended."""
+
+    def __init__(self, stream) -> None:
+        self.data, self._stream = None, stream
+        self._thread = threading.Thread(target=self._read, name="forkrun-output", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            self.data = self._stream.read()
+        except (OSError, ValueError):  # closed under it (the `with` block ended before the output did): no one reads
+            pass
+
+    def join(self, deadline: float | None) -> bool:
+        """Whether the output has ended by ``deadline`` (``time.monotonic()``; None: wait as long as it takes)."""
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self._thread.is_alive()
+
+
 class ForkedPopen:
     """The part of :class:`subprocess.Popen` the tests use, for a child of a fork server: ``pid``, ``returncode``,
     ``stdout``/``stderr`` (named pipes when ``PIPE``, read as a pipe), ``poll``, ``wait``, ``communicate``,
@@ -167,7 +188,7 @@ class ForkedPopen:
 
     def __init__(self, cmd, *, cwd=None, env=None, stdout=None, stderr=None, text: bool = False,
                  start_new_session: bool = False) -> None:
-        self.args, self.returncode = cmd, None
+        self.args, self.returncode, self._readers = cmd, None, None
         self._tmp = tempfile.TemporaryDirectory(prefix="forkrun-")
         paths = _output_paths(self._tmp.name, stdout, stderr, fifo=True)
         # an inherited output is a file, shown when the child has ended
@@ -179,15 +200,23 @@ class ForkedPopen:
         self.stderr = open(paths["err"], mode) if stderr == subprocess.PIPE else None  # noqa: SIM115
 
     def poll(self) -> int | None:
-        return self.wait(0) if self.returncode is None else self.returncode
+        return self._wait(0)
 
-    def wait(self, timeout: float | None = None) -> int | None:
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status (negative: killed by that signal).
+
+        Raises:
+            subprocess.TimeoutExpired: the child runs past ``timeout`` seconds (it runs on).
+        """
+        if (code := self._wait(timeout)) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return code
+
+    def _wait(self, timeout: float | None) -> int | None:
         if self.returncode is None:
             status = self._server.wait(self.pid, timeout)
             if status is None:
-                if timeout == 0:
-                    return None
-                raise subprocess.TimeoutExpired(self.args, timeout)
+                return None
             self.returncode = status
             for path, stream in self._shown:
                 if os.path.exists(path):
@@ -196,14 +225,26 @@ class ForkedPopen:
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple:
-        """Read what is left of the piped outputs, then wait (``timeout`` bounds the wait, not the reading)."""
-        out = self.stdout.read() if self.stdout else None
-        err = self.stderr.read() if self.stderr else None
-        self.wait(timeout)
+        """Read what is left of the piped outputs to their end, then wait for the child, all within ``timeout``
+        seconds, as :meth:`subprocess.Popen.communicate`: the reading goes on in a thread per output, so a call that
+        raised can be repeated and loses nothing (a process the child started may hold an output open after the
+        child's exit; only the timeout ends that wait).
+
+        Raises:
+            subprocess.TimeoutExpired: the outputs did not end, or the child did not exit, within ``timeout``.
+        """
+        if self._readers is None:
+            self._readers = {name: _Reader(stream) for name, stream in (("out", self.stdout), ("err", self.stderr))
+                             if stream}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in self._readers.values():
+            if not reader.join(deadline):
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         for stream in (self.stdout, self.stderr):
             if stream:
                 stream.close()
-        return out, err
+        return tuple(self._readers[n].data if n in self._readers else None for n in ("out", "err"))
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # as subprocess.Popen: never a pid the server has already reaped

@@ -35,6 +35,31 @@ def test_a_forked_run_answers_as_a_real_process(tmp_path):
     assert isinstance(real_popen, subprocess.Popen) and real_popen.wait(timeout=300) == 2
 
 
+
+def test_communicate_bounds_the_reading_by_its_timeout_and_can_be_called_again(tmp_path):
+    """:meth:`forkrun.ForkedPopen.communicate` as :meth:`subprocess.Popen.communicate`: a run still writing its output
+    raises TimeoutExpired once ``timeout`` has passed (it used to read until the output ended, so a test's bound did
+    not hold and a run that never ended hung the test), and a second call after the kill returns the output."""
+    import signal
+    import time
+
+    import pytest
+    from conftest import FAST_OVERRIDES
+
+    cmd = [sys.executable, "src/train.py", *FAST_OVERRIDES, "trainer.max_steps=100000", f"hydra.run.dir={tmp_path}"]
+    proc = forkrun.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    assert isinstance(proc, forkrun.ForkedPopen)
+    try:
+        start = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=1)
+        assert time.monotonic() - start < 30 and proc.poll() is None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and isinstance(out, str) and err is None
+
 def test_a_shells_python_forks_the_entry_points_and_passes_the_rest_to_the_interpreter(tmp_path):
     """forkrun_shell: in a real shell, ``python src/train.py`` runs forked (the client stays the process the shell
     started, its command line ``forkrun.py --client ...``), takes the shell's outputs, answers a user error with the

@@ -1,17 +1,20 @@
 """``hydra/launcher=slurm`` on a real one-node SLURM cluster (scripts/slurm_local.sh): a 2-job multirun ends with both
 summary.json; bad input (a launcher key or a partition that does not exist, a controller that does not answer) ends
-the sweep command with one line, exit 2, and leaves no job or process behind."""
+the sweep command with one line, exit 2, and leaves no job or process behind; so does a job killed without a result,
+on this cluster without accounting storage (``sacct`` does not answer: the watcher asks ``squeue``)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
+import uuid
 from pathlib import Path
 
 import forkrun
 import pytest
 from conftest import REPO_ROOT
-from slurm_helpers import ENV, require_cluster, train_cmd
+from slurm_helpers import ENV, require_cluster, sbatch, train_cmd
 
 pytestmark = pytest.mark.slow  # minutes of SLURM round trips: started first under -n auto
 
@@ -78,3 +81,60 @@ def test_a_launcher_key_that_does_not_exist_is_one_line(tmp_path):
     line = _error_line(res)
     assert "hydra.launcher.partitionn" in line and "hydra.launcher.partition" in line, line
     assert not (tmp_path / "sweep").exists()
+
+
+def test_squeue_gives_the_states_of_a_sweeps_jobs_without_sacct(tmp_path):
+    """:func:`squeue_states`: each array task's state as submitit names it, an ended one by its end state, and nothing
+    for an id SLURM does not know; :class:`SqueueFallbackWatcher` reads them where sacct fails (as it does here)."""
+    from hydra_plugins.grpolab_slurm.watcher import GONE, SqueueFallbackWatcher, squeue_states
+
+    require_cluster()
+    assert subprocess.run(["sacct", "-j", "1"], capture_output=True, timeout=30).returncode != 0  # no accounting
+    job = sbatch("sleep 60", tmp_path, "--array=0-1", "--begin=now+120")  # held: pending for the whole test
+    try:
+        assert squeue_states({job}) == {f"{job}_0": "PENDING", f"{job}_1": "PENDING"}
+        watcher = SqueueFallbackWatcher(delay_s=600)
+        assert watcher.get_state(f"{job}_1", mode="force") == "PENDING" and not watcher.is_done(f"{job}_1", "cache")
+    finally:
+        subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    deadline = time.monotonic() + 30
+    while squeue_states({job}).get(f"{job}_0") != "CANCELLED":
+        assert time.monotonic() < deadline, squeue_states({job})
+        time.sleep(0.5)
+    assert watcher.get_state(f"{job}_1", mode="force") == "CANCELLED" and watcher.is_done(f"{job}_1", "cache")
+    assert squeue_states({"99999999"}) == {} and squeue_states({"99999998", "99999999"}) == {}
+    unknown = SqueueFallbackWatcher(delay_s=600)
+    assert unknown.get_state("99999999_0", mode="force") == GONE and unknown.is_done("99999999_0", "cache")
+
+
+def test_a_job_killed_without_a_result_ends_the_sweep_with_one_line(tmp_path):
+    """A job killed mid-run (SIGKILL to its steps: an OOM kill or a crash alike) writes no result. The sweep command
+    ends within a minute with one line naming the job and its state, status 2; submitit alone reads job states from
+    sacct, which this cluster does not have, and waited for such a job for ever."""
+    require_cluster()
+    name = f"grpolab_tkill_{uuid.uuid4().hex[:12]}"  # no other session's job
+    cmd = train_cmd("hydra/launcher=slurm", "trainer.max_steps=100000", "val.at_start=false", "seed=0",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.launcher.name={name}")
+    cmd.insert(2, "-m")
+    sweep = forkrun.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (rows := list((tmp_path / "sweep").glob("0_*/metrics.csv"))) or \
+                len(rows[0].read_text().splitlines()) <= 2:
+            assert sweep.poll() is None, sweep.communicate(timeout=60)[0][-3000:]
+            assert time.monotonic() < deadline, "no training steps within 180 s"
+            time.sleep(0.1)
+        job = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                             timeout=30).stdout.split()[0]
+        subprocess.run(["scancel", "--signal=KILL", job], check=True, timeout=30)
+        killed = time.monotonic()
+        output = sweep.communicate(timeout=120)[0]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        subprocess.run(["scancel", "-n", name], capture_output=True, timeout=30)
+    assert sweep.returncode == 2, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith(f"train.py: error: hydra/launcher=slurm: Job {job}") and "has not produced any output" \
+        in last and "Traceback" not in output, output[-3000:]
+    assert time.monotonic() - killed < 90

@@ -4,8 +4,10 @@
 one line instead of a traceback.
 
 ``sbatch`` refusing the sweep (a partition that does not exist, a controller that does not answer, ``sbatch`` not
-installed) and a job that ends without a result (a config error, a crash: see its log under
+installed) and a job that ends without a result (a config error, a crash, ``scancel``: see its log under
 ``hydra.launcher.submitit_folder``) print ``train.py: error: hydra/launcher=slurm: <what SLURM said>`` and exit 2.
+A cluster without accounting storage (no ``sacct``) is watched with ``squeue`` (:mod:`.watcher`): a job that ended
+there without a result ends the sweep too, instead of being waited for for ever.
 Nothing is lost: the sweep folder keeps what the jobs wrote, and jobs already submitted run on in SLURM (``squeue``;
 ``scancel <job>`` stops them). ``GRPOLAB_TRACEBACK=1`` shows the traceback.
 """
@@ -23,9 +25,13 @@ from grpolab.app.cli import fail, wants_traceback
 
 def slurm_error_line(ex: BaseException) -> str:
     """The message of a submitit/sbatch error ``ex`` reduced to what SLURM said: its ``sbatch: error:`` lines, else
-    its first non-empty line (submitit appends a job's whole log to an uncompleted job's error)."""
+    its first non-empty line, with the second where it gives the job's state (submitit appends a job's whole log to
+    an uncompleted job's error, after "Job 12_0 (task: 0) with path ..." and "has not produced any output (state:
+    CANCELLED)")."""
     lines = [ln.strip() for ln in str(ex).splitlines() if ln.strip()]
     sbatch = [ln for ln in lines if ln.startswith("sbatch: error:")]
+    if not sbatch and len(lines) > 1 and lines[1].startswith("has not produced any output"):
+        return f"{lines[0]} {lines[1]}"
     return "; ".join(sbatch or lines[:1]) or type(ex).__name__
 
 
@@ -37,6 +43,9 @@ class SlurmLauncher(_SubmititSlurmLauncher):
 
         from grpolab.app.sweep_jobs import clear_not_done, exit_if_not_done
 
+        from .watcher import install
+
+        install()  # a job that ends without a result is seen without sacct too
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         clear_not_done(sweep_dir)
         try:
