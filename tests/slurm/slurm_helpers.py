@@ -98,3 +98,20 @@ def wait_job(job: str, timeout: float = 240, release: bool = True) -> dict[str, 
         time.sleep(0.5)
     subprocess.run(["scancel", job], capture_output=True, timeout=30)
     raise AssertionError(f"job {job} did not end within {timeout} s: {info}")
+
+
+def wait_sweep_job(sweep, folder: Path, rows: int, name: str, timeout: float = 180) -> tuple[Path, str]:
+    """Wait until job 0 of the sweep command ``sweep`` (a Popen; the sweep folder ``folder``, the job name ``name``)
+    has written more than ``rows`` lines of its metrics.csv; return its run folder and its SLURM job id.
+
+    Raises:
+        AssertionError: the sweep command ended first (with its output's end), or ``timeout`` seconds passed.
+    """
+    deadline = time.monotonic() + timeout
+    while not (found := list(folder.glob("0_*/metrics.csv"))) or len(found[0].read_text().splitlines()) <= rows:
+        assert sweep.poll() is None, sweep.communicate(timeout=60)[0][-3000:]
+        assert time.monotonic() < deadline, f"no training steps within {timeout} s"
+        time.sleep(0.1)
+    job = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                         timeout=30).stdout.split()[0]
+    return found[0].parent, job

@@ -14,7 +14,7 @@ from pathlib import Path
 import forkrun
 import pytest
 from conftest import REPO_ROOT
-from slurm_helpers import ENV, require_cluster, sbatch, train_cmd
+from slurm_helpers import ENV, require_cluster, sbatch, train_cmd, wait_sweep_job
 
 pytestmark = pytest.mark.slow  # minutes of SLURM round trips: started first under -n auto
 
@@ -118,14 +118,7 @@ def test_a_job_killed_without_a_result_ends_the_sweep_with_one_line(tmp_path):
     cmd.insert(2, "-m")
     sweep = forkrun.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 180
-        while not (rows := list((tmp_path / "sweep").glob("0_*/metrics.csv"))) or \
-                len(rows[0].read_text().splitlines()) <= 2:
-            assert sweep.poll() is None, sweep.communicate(timeout=60)[0][-3000:]
-            assert time.monotonic() < deadline, "no training steps within 180 s"
-            time.sleep(0.1)
-        job = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                             timeout=30).stdout.split()[0]
+        _, job = wait_sweep_job(sweep, tmp_path / "sweep", 2, name)
         subprocess.run(["scancel", "--signal=KILL", job], check=True, timeout=30)
         killed = time.monotonic()
         output = sweep.communicate(timeout=120)[0]

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import REPO_ROOT
 from safetensors.torch import load_file
-from slurm_helpers import ENV, job_info, require_cluster, sbatch, train_cmd, wait_job
+from slurm_helpers import ENV, job_info, require_cluster, sbatch, train_cmd, wait_job, wait_sweep_job
 
 pytestmark = pytest.mark.slow  # minutes of SLURM round trips: started first under -n auto
 
@@ -101,22 +101,15 @@ def test_a_multirun_job_signalled_by_submitits_usr2_requeues_and_the_sweep_ends_
     cmd.insert(2, "-m")
     sweep = forkrun.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 180
-        while not (rows := list((tmp_path / "sweep").glob("0_*/metrics.csv"))) or \
-                len(rows[0].read_text().splitlines()) <= 3:
-            assert sweep.poll() is None, sweep.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "no training steps within 180 s"
-            time.sleep(0.1)
-        job = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                             timeout=30).stdout.split()[0]
+        run, job = wait_sweep_job(sweep, tmp_path / "sweep", 3, name)
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
         info = wait_job(job)
         output = sweep.communicate(timeout=120)[0]
     finally:
         if sweep.poll() is None:
             sweep.kill()
+        subprocess.run(["scancel", "-n", name], capture_output=True, timeout=30)  # none left holding the node
     assert sweep.returncode == 0 and info["Restarts"] == "1", (info, output[-3000:])
-    run = rows[0].parent
     log = "".join(p.read_text() for p in (tmp_path / "sweep" / ".submitit").glob("*/*_log.out"))
     assert "SIGUSR2: SLURM job" in log and "resuming from" in log, log[-3000:]
     summary = json.loads((run / "summary.json").read_text())
