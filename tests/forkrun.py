@@ -161,22 +161,31 @@ def _output_paths(folder: str, stdout, stderr, fifo: bool) -> dict[str, str]:
 
 
 class _Reader:
-    """A daemon thread reading ``stream`` to its end: ``data`` once :meth:`join` says it has ended."""
+    """A daemon thread reading ``stream`` to its end, then closing it: :attr:`data` once :meth:`join` says it has
+    ended (closing a stream another thread reads waits for that read: only this thread closes it)."""
 
     def __init__(self, stream) -> None:
-        self.data, self._stream = None, stream
+        self.data, self._stream, self._error = None, stream, None
         self._thread = threading.Thread(target=self._read, name="forkrun-output", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         try:
             self.data = self._stream.read()
-        except (OSError, ValueError):  # closed under it (the `with` block ended before the output did): no one reads
-            pass
+        except Exception as e:  # noqa: BLE001 - a decoding error, say: raised by join(), in the caller's thread
+            self._error = e
+        finally:
+            self._stream.close()
 
     def join(self, deadline: float | None) -> bool:
-        """Whether the output has ended by ``deadline`` (``time.monotonic()``; None: wait as long as it takes)."""
+        """Whether the output has ended by ``deadline`` (``time.monotonic()``; None: wait as long as it takes).
+
+        Raises:
+            Exception: what reading the output raised (``UnicodeDecodeError`` in text mode, say).
+        """
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._error is not None:
+            raise self._error
         return not self._thread.is_alive()
 
 
@@ -240,10 +249,8 @@ class ForkedPopen:
         for reader in self._readers.values():
             if not reader.join(deadline):
                 raise subprocess.TimeoutExpired(self.args, timeout)
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        for stream in (self.stdout, self.stderr):
-            if stream:
-                stream.close()
+        if self._wait(None if deadline is None else max(0.0, deadline - time.monotonic())) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
         return tuple(self._readers[n].data if n in self._readers else None for n in ("out", "err"))
 
     def send_signal(self, sig: int) -> None:
@@ -260,8 +267,9 @@ class ForkedPopen:
         return self
 
     def __exit__(self, *exc) -> None:
-        for stream in (self.stdout, self.stderr):
-            if stream:
+        readers = self._readers or {}
+        for name, stream in (("out", self.stdout), ("err", self.stderr)):
+            if stream and name not in readers:  # one a reader thread holds it closes itself, at the output's end
                 stream.close()
         self.wait()
         self._tmp.cleanup()

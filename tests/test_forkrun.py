@@ -35,7 +35,6 @@ def test_a_forked_run_answers_as_a_real_process(tmp_path):
     assert isinstance(real_popen, subprocess.Popen) and real_popen.wait(timeout=300) == 2
 
 
-
 def test_communicate_bounds_the_reading_by_its_timeout_and_can_be_called_again(tmp_path):
     """:meth:`forkrun.ForkedPopen.communicate` as :meth:`subprocess.Popen.communicate`: a run still writing its output
     raises TimeoutExpired once ``timeout`` has passed (it used to read until the output ended, so a test's bound did

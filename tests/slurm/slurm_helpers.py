@@ -112,6 +112,7 @@ def wait_sweep_job(sweep, folder: Path, rows: int, name: str, timeout: float = 1
         assert sweep.poll() is None, sweep.communicate(timeout=60)[0][-3000:]
         assert time.monotonic() < deadline, f"no training steps within {timeout} s"
         time.sleep(0.1)
-    job = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                         timeout=30).stdout.split()[0]
-    return found[0].parent, job
+    jobs = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    assert jobs, f"no job named {name} in squeue, though its run trains"
+    return found[0].parent, jobs[0]

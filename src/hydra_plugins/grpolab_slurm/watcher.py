@@ -1,37 +1,47 @@
 """submitit's SLURM job watcher, with ``squeue`` where ``sacct`` does not answer.
 
-submitit learns that a job ended without a result (cancelled, killed by the OOM killer, on a node that failed, a
-requeue that never ran again) only from ``sacct``. On a cluster without accounting storage (``sacct`` prints "Slurm
-accounting storage is disabled": a small cluster's default, and ``scripts/slurm_local.sh``'s) such a job reads
-UNKNOWN for ever, and the sweep command waits for it for ever; submitit's maintainers hold ``sacct`` required
-(facebookincubator/submitit#1720). :class:`SqueueFallbackWatcher` asks ``squeue`` when ``sacct`` fails: a job it
-lists has the state it lists, and a job it no longer knows (its end is older than the controller's ``MinJobAge``,
-300 s by default) has ended: :data:`GONE`. submitit then raises its ``UncompletedJobError`` for the job ("has not
-produced any output"), which the launcher turns into one line and exit status 2.
+submitit learns that a job ended without a result (cancelled, killed by the OOM killer, a requeue that never ran
+again) only from ``sacct``. On a cluster without accounting storage (``sacct`` prints "Slurm accounting storage is
+disabled": a small cluster's default, and ``scripts/slurm_local.sh``'s) such a job reads UNKNOWN for ever, and the
+sweep command waits for it for ever; submitit's maintainers hold ``sacct`` required (facebookincubator/submitit#1720).
+:class:`SqueueFallbackWatcher` asks ``squeue`` when ``sacct`` fails: a job it lists has the state it lists, and a job
+it listed before and no longer knows (its end is older than the controller's ``MinJobAge``, 300 s by default) has
+ended: :data:`GONE`. submitit then waits 15 s for the job's result file and raises its ``UncompletedJobError`` ("has
+not produced any output (state: ...)"), which the launcher turns into one line and exit status 2.
+
+It relies on submitit's watcher internals (``requirements.txt`` pins submitit 1.5).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 GONE = "GONE"  # not a SLURM state: the job has left squeue, and had written no result
-# squeue's states of a job that has ended (slurm.schedmd.com/squeue.html, JOB STATE CODES); every other one is
-# reported as PENDING or RUNNING, states submitit knows as unfinished (it takes any state it does not list as ended)
+# squeue's states of a job that has ended (slurm.schedmd.com/squeue.html, JOB STATE CODES), passed on as they are;
+# submitit counts every state but READY, PENDING, RUNNING, UNKNOWN, REQUEUED, COMPLETING and PREEMPTED as ended. So a
+# job cancelled by preemption (PREEMPTED) ends the sweep only once it is GONE, MinJobAge later, as with sacct.
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-                   "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
+                   "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT"})
+# every other state is passed on as PENDING (these) or RUNNING, states submitit counts as unfinished
 UNSTARTED = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "CONFIGURING"})
+CONFIRM_S = 3.0  # an end is taken once a second read this much later agrees (a job requeueing itself reads FAILED
+#                  for a moment before it is PENDING again)
+FALLBACK_DELAY_S = 30  # at most this long between two reads while sacct does not answer (submitit's delay: 600 s)
 
 
 def squeue_states(job_ids: set[str], timeout: float = 60) -> dict[str, str] | None:
     """The state of each array task or job that ``squeue`` lists among ``job_ids`` (base ids: ``"123"`` gives
     ``"123_0"``, ``"123_1"``, ... for an array), as submitit names its jobs; None when ``squeue`` did not answer
-    (no controller, not installed, ``timeout`` seconds passed). A job it no longer knows is absent."""
-    cmd = ["squeue", "-h", "-r", "--states=all", "-o", "%i|%T", "-j", ",".join(sorted(job_ids))]
+    (no controller, not installed, ``timeout`` seconds passed). A job it no longer knows is absent. The user's
+    ``SQUEUE_*`` filters (``SQUEUE_USERS``, ``SQUEUE_NAMES``, ...) are not applied: they would hide the jobs."""
+    cmd = ["squeue", "-h", "-r", "--states=all", "-o", "%i|%T", f"--jobs={','.join(sorted(job_ids))}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQUEUE_")}
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
     if res.returncode != 0:
@@ -47,9 +57,14 @@ def squeue_states(job_ids: set[str], timeout: float = 60) -> dict[str, str] | No
 
 class SqueueFallbackWatcher(SlurmInfoWatcher):
     """:class:`submitit.slurm.slurm.SlurmInfoWatcher` (the states of a sweep's jobs, refreshed at submitit's pace:
-    2 s, 4 s, 8 s, ... after the last submission, then every ``delay_s``) with ``squeue`` where ``sacct`` fails: a
-    job ``squeue`` lists takes the state it lists, a job it no longer knows takes :data:`GONE` (ended). Where both
-    fail, the states stay as they were (UNKNOWN: unfinished) until the next refresh."""
+    2 s, 4 s, 8 s, ... after the last submission, then every ``delay_s``) with ``squeue`` where ``sacct`` fails, read
+    at most :data:`FALLBACK_DELAY_S` apart then. A job ``squeue`` lists takes the state it lists; an end (an ended
+    state, or :data:`GONE` for a job it listed before and lists no more) is taken once a second read
+    :data:`CONFIRM_S` later agrees. Where both commands fail, the states stay as they were (UNKNOWN: unfinished)."""
+
+    def __init__(self, delay_s: int = 60) -> None:
+        super().__init__(delay_s=delay_s)
+        self._seen: set[str] = set()  # jobs squeue has listed: only these can be GONE (a SQUEUE_* filter, say)
 
     def update(self) -> None:  # submitit's own, with the fallback: the same bookkeeping of calls and finished jobs
         command = self._make_command()
@@ -60,15 +75,33 @@ class SqueueFallbackWatcher(SlurmInfoWatcher):
             self._output = subprocess.check_output(command, stderr=subprocess.PIPE, timeout=60)
             self._info_dict.update(self.read_info(self._output))
         except (OSError, subprocess.SubprocessError):
-            waiting = self._registered - self._finished
-            states = squeue_states({job.split("_")[0] for job in waiting})
-            if states is not None:
-                for job in waiting:
-                    self._info_dict[job] = {"JobID": job, "State": states.get(job, GONE)}
+            self._delay_s = min(self._delay_s, FALLBACK_DELAY_S)
+            self._info_dict.update(self._from_squeue(self._registered - self._finished))
         self._last_status_check = time.time()
         for job in self._registered - self._finished:
             if self.is_done(job, mode="cache"):
                 self._finished.add(job)
+
+    def _from_squeue(self, waiting: set[str]) -> dict[str, dict[str, str]]:
+        """The info of the ``waiting`` jobs ``squeue`` answers for; an end only where a second read agrees."""
+        first = self._read(waiting)
+        ended = {job for job, state in first.items() if state in ENDED or state == GONE}
+        if ended:
+            time.sleep(CONFIRM_S)
+            again = self._read(ended)
+            for job in ended:  # the second read's state (PENDING again: a requeue), or none where it did not answer
+                if job in again:
+                    first[job] = again[job]
+                else:
+                    del first[job]
+        return {job: {"JobID": job, "State": state} for job, state in first.items()}
+
+    def _read(self, jobs: set[str]) -> dict[str, str]:
+        states = squeue_states({job.split("_")[0] for job in jobs})
+        if states is None:
+            return {}
+        self._seen |= jobs & states.keys()
+        return {job: states[job] if job in states else GONE for job in jobs if job in states or job in self._seen}
 
 
 def install() -> None:
