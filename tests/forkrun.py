@@ -27,6 +27,7 @@ forks through the server's socket (:mod:`forkrun_shell`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -358,7 +359,8 @@ def _child(req: dict, started: int, fds: list[int] | None) -> None:
             os.setsid()
         os.close(started)
         for fd in _SERVER_FDS:  # the server's socket and its clients' connections
-            os.close(fd)
+            with contextlib.suppress(OSError):  # nothing may fail before the outputs are open: a reader waits on them
+                os.close(fd)
         if fds:
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)

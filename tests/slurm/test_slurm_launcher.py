@@ -86,9 +86,15 @@ def test_a_launcher_key_that_does_not_exist_is_one_line(tmp_path):
 def test_squeue_gives_the_states_of_a_sweeps_jobs_without_sacct(tmp_path, monkeypatch):
     """:func:`squeue_states`: each array task's state as submitit names it (whatever ``SQUEUE_*`` filters the user
     set), an ended one by its end state, and nothing for an id SLURM does not know. :class:`SqueueFallbackWatcher`
-    reads them where sacct fails (as it does here); a job it has never seen listed stays unfinished, one it saw and
-    SLURM no longer knows has ended (GONE)."""
-    from hydra_plugins.grpolab_slurm.watcher import GONE, SqueueFallbackWatcher, squeue_states
+    reads them where sacct fails (as it does here), an end once a read CONFIRM_S later still finds it; a job it has
+    never seen listed stays unfinished, one it saw and SLURM no longer knows has ended (GONE)."""
+    from hydra_plugins.grpolab_slurm.watcher import CONFIRM_S, GONE, SqueueFallbackWatcher, squeue_states
+
+    def state_after_two_reads(watcher: SqueueFallbackWatcher, job: str) -> tuple[str, str]:
+        time.sleep(0.01)  # submitit ignores a forced read less than 1 ms after the last one
+        first = watcher.get_state(job, mode="force")
+        time.sleep(CONFIRM_S + 0.1)
+        return first, watcher.get_state(job, mode="force")
 
     require_cluster()
     if subprocess.run(["sacct", "-j", "1"], capture_output=True, timeout=30).returncode == 0:
@@ -105,13 +111,15 @@ def test_squeue_gives_the_states_of_a_sweeps_jobs_without_sacct(tmp_path, monkey
     while (squeue_states({job}) or {}).get(f"{job}_0") != "CANCELLED":
         assert time.monotonic() < deadline, squeue_states({job})
         time.sleep(0.5)
-    assert watcher.get_state(f"{job}_1", mode="force") == "CANCELLED" and watcher.is_done(f"{job}_1", "cache")
+    # the first read of the end leaves the state it had; the second, CONFIRM_S later, takes it
+    assert state_after_two_reads(watcher, f"{job}_1") == ("PENDING", "CANCELLED")
+    assert watcher.is_done(f"{job}_1", "cache")
     assert squeue_states({"99999999"}) == {} and squeue_states({"99999998", "99999999"}) == {}
     unknown = SqueueFallbackWatcher(delay_s=600)
     assert unknown.get_state("99999999_0", mode="force") == "UNKNOWN" and not unknown.is_done("99999999_0", "cache")
     unknown._seen.add("99999999_0")  # listed once, unknown now: its end is older than MinJobAge (300 s: not waited)
-    time.sleep(0.01)  # submitit ignores a forced read less than 1 ms after the last one
-    assert unknown.get_state("99999999_0", mode="force") == GONE and unknown.is_done("99999999_0", "cache")
+    assert state_after_two_reads(unknown, "99999999_0") == ("UNKNOWN", GONE)
+    assert unknown.is_done("99999999_0", "cache")
 
 
 def test_a_job_killed_without_a_result_ends_the_sweep_with_one_line(tmp_path):
