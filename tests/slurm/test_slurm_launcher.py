@@ -14,7 +14,7 @@ from pathlib import Path
 import forkrun
 import pytest
 from conftest import REPO_ROOT
-from slurm_helpers import ENV, require_cluster, sbatch, train_cmd, wait_sweep_job
+from slurm_helpers import ENV, require_cluster, sbatch, train_cmd
 
 pytestmark = pytest.mark.slow  # minutes of SLURM round trips: started first under -n auto
 
@@ -123,9 +123,10 @@ def test_squeue_gives_the_states_of_a_sweeps_jobs_without_sacct(tmp_path, monkey
 
 
 def test_a_job_killed_without_a_result_ends_the_sweep_with_one_line(tmp_path):
-    """A job killed mid-run (SIGKILL to its steps: an OOM kill or a crash alike) writes no result. The sweep command
-    ends within a minute with one line naming the job and its state, status 2; submitit alone reads job states from
-    sacct, which this cluster does not have, and waited for such a job for ever."""
+    """A job killed while it runs (SIGKILL to its steps: an OOM kill or a crash alike; here once SLURM runs it, before
+    it trains, to spare the CPU) writes no result. The sweep command ends within a minute with one line naming the job
+    and its state, status 2; submitit alone reads job states from sacct, which this cluster does not have, and waited
+    for such a job for ever."""
     require_cluster()
     name = f"grpolab_tkill_{uuid.uuid4().hex[:12]}"  # no other session's job
     cmd = train_cmd("hydra/launcher=slurm", "trainer.max_steps=100000", "val.at_start=false", "seed=0",
@@ -133,7 +134,14 @@ def test_a_job_killed_without_a_result_ends_the_sweep_with_one_line(tmp_path):
     cmd.insert(2, "-m")
     sweep = forkrun.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _, job = wait_sweep_job(sweep, tmp_path / "sweep", 2, name)
+        deadline, job = time.monotonic() + 180, ""
+        while not job:
+            listed = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i|%T"], capture_output=True, text=True,
+                                    timeout=30).stdout.split()
+            job = next((j for j, _, state in (line.partition("|") for line in listed) if state == "RUNNING"), "")
+            assert sweep.poll() is None, sweep.communicate(timeout=60)[0][-3000:]
+            assert time.monotonic() < deadline, f"SLURM ran no job named {name} within 180 s: {listed}"
+            time.sleep(0.2)
         subprocess.run(["scancel", "--signal=KILL", job], check=True, timeout=30)
         killed = time.monotonic()
         output = sweep.communicate(timeout=120)[0]
