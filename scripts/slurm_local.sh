@@ -95,7 +95,7 @@ start() {
   running "$STATE/slurmd.pid" || { slurmd; started=1; }
   [ -z "$started" ] || echo "${1:-manual}" > "$STATE/started_by"
   for _ in $(seq 1 60); do
-    if sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then
+    if sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc|plnd)'; then
       echo "slurm_local.sh: one-node cluster up: $(sinfo -h -o '%P %D %c cpus %m MB %t')"; return 0
     fi
     sleep 0.5
@@ -130,7 +130,7 @@ stop() {
 }
 
 status() {
-  sinfo -h -o '%P %D %c cpus %m MB %t' 2>/dev/null && sinfo -h -o %t | grep -qE '^(idle|mix|alloc|comp)' \
+  sinfo -h -o '%P %D %c cpus %m MB %t' 2>/dev/null && sinfo -h -o %t | grep -qE '^(idle|mix|alloc|comp|plnd)' \
     || { echo "slurm_local.sh: no cluster answers" >&2; return 1; }
 }
 
@@ -138,5 +138,5 @@ case "${1:-}" in
   start) start "${2:-}" ;;
   stop) stop "${2:-}" ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  *) echo "usage: $0 start [owner] | stop [owner|--force] | status" >&2; exit 2 ;;
 esac
