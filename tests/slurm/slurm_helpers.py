@@ -112,7 +112,13 @@ def wait_sweep_job(sweep, folder: Path, rows: int, name: str, timeout: float = 1
         assert sweep.poll() is None, sweep.communicate(timeout=60)[0][-3000:]
         assert time.monotonic() < deadline, f"no training steps within {timeout} s"
         time.sleep(0.1)
-    jobs = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                          timeout=30).stdout.split()
-    assert jobs, f"no job named {name} in squeue, though its run trains"
-    return found[0].parent, jobs[0]
+    job = job_named(name)
+    assert job, f"no job named {name} in squeue, though its run trains"
+    return found[0].parent, job
+
+
+def job_named(name: str, state: str | None = None) -> str:
+    """The id of the first job ``squeue`` lists by the name ``name`` (in ``state``, when given), else ""."""
+    listed = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i|%T"], capture_output=True, text=True,
+                            timeout=30).stdout.split()
+    return next((job for job, _, st in (line.partition("|") for line in listed) if state in (None, st)), "")

@@ -14,7 +14,7 @@ from pathlib import Path
 import forkrun
 import pytest
 from conftest import REPO_ROOT
-from slurm_helpers import ENV, require_cluster, sbatch, train_cmd
+from slurm_helpers import ENV, job_named, require_cluster, sbatch, train_cmd
 
 pytestmark = pytest.mark.slow  # minutes of SLURM round trips: started first under -n auto
 
@@ -134,13 +134,10 @@ def test_a_job_killed_without_a_result_ends_the_sweep_with_one_line(tmp_path):
     cmd.insert(2, "-m")
     sweep = forkrun.Popen(cmd, cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline, job = time.monotonic() + 180, ""
-        while not job:
-            listed = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i|%T"], capture_output=True, text=True,
-                                    timeout=30).stdout.split()
-            job = next((j for j, _, state in (line.partition("|") for line in listed) if state == "RUNNING"), "")
+        deadline = time.monotonic() + 180
+        while not (job := job_named(name, "RUNNING")):
             assert sweep.poll() is None, sweep.communicate(timeout=60)[0][-3000:]
-            assert time.monotonic() < deadline, f"SLURM ran no job named {name} within 180 s: {listed}"
+            assert time.monotonic() < deadline, f"SLURM ran no job named {name} within 180 s"
             time.sleep(0.2)
         subprocess.run(["scancel", "--signal=KILL", job], check=True, timeout=30)
         killed = time.monotonic()
